@@ -1,0 +1,1 @@
+"""Random Cut Forest engines behind one batched interface (see ``base.py``)."""

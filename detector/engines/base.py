@@ -1,0 +1,95 @@
+"""The forest engine interface: many per-GPU models advanced in one call.
+
+One model per GPU (per entity), addressed by a dense integer id. A call takes the current
+base feature vector of many models at once (all GPUs of a frame), so Python overhead is
+paid per frame, not per GPU. Shingling is the engine's job (as in AWS RCF's internal
+shingling): the caller passes one step of ``dims`` features per model, and the engine
+keeps each model's last ``shingle`` steps.
+
+Scores follow AWS RCF's definition (mean over trees of the displacement-based score, about
+1 for an ordinary point and higher for outliers); a model returns 0.0 until it has seen
+``output_after`` points. Every engine passes ``tests/test_engine_conformance.py``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["EngineConfig", "ForestEngine", "ScoreBatch"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Parameters shared by every engine (names as in AWS RCF)."""
+
+    dims: int
+    """Base features per step."""
+    shingle: int = 4
+    """Steps per shingled point; a point has ``dims * shingle`` dimensions."""
+    trees: int = 50
+    sample_size: int = 256
+    """Points kept per tree (reservoir)."""
+    time_decay: float | None = None
+    """Reservoir decay (lambda); None means AWS's default 1 / (10 * sample_size)."""
+    output_after: int | None = None
+    """Points seen before scores are reported; None means sample_size / 4."""
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.dims < 1 or self.shingle < 1 or self.trees < 1 or self.sample_size < 4:
+            raise ValueError(f"invalid engine config {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreBatch:
+    """Result of one batched call; rows follow the order of ``model_ids``."""
+
+    scores: npt.NDArray[np.float64]
+    """(n,) anomaly score of each point before it was learned."""
+    attribution: npt.NDArray[np.float64]
+    """(n, dims): how much each base feature contributed (summed over the shingle), high
+    and low directions added; ``direction`` says which dominated."""
+    direction: npt.NDArray[np.int8]
+    """(n, dims): +1 if the point is above what the model expects in that feature, -1 below."""
+
+
+class ForestEngine(ABC):
+    """Many independent forests, one per model id."""
+
+    name: str = "abstract"
+
+    def __init__(self, config: EngineConfig) -> None:
+        config.validate()
+        self.config = config
+
+    @abstractmethod
+    def ensure_models(self, n: int) -> None:
+        """Make model ids ``0 .. n-1`` exist (new ones are empty, in cold start)."""
+
+    @abstractmethod
+    def update(
+        self, model_ids: npt.NDArray[np.int64], points: npt.NDArray[np.float32]
+    ) -> ScoreBatch:
+        """Score each point against its model, then learn it. Ids in one call are unique."""
+
+    @abstractmethod
+    def score(
+        self, model_ids: npt.NDArray[np.int64], points: npt.NDArray[np.float32]
+    ) -> ScoreBatch:
+        """Score without learning: no side effect on any model."""
+
+    @abstractmethod
+    def checkpoint(self, model_id: int) -> bytes:
+        """Compact, versioned bytes of one model (shingle buffer included)."""
+
+    @abstractmethod
+    def restore(self, model_id: int, data: bytes) -> None:
+        """Load bytes from ``checkpoint``; later scores equal those of the original model."""
+
+    @abstractmethod
+    def model_bytes(self, model_id: int) -> int:
+        """Resident memory of one model, in bytes."""
