@@ -1,0 +1,5 @@
+import sys
+
+from fleetpulse.cli import main
+
+sys.exit(main())

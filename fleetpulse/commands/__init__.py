@@ -1,0 +1,1 @@
+"""Subcommands of ``fleetpulse``; see :mod:`fleetpulse.cli` for the convention."""
