@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EngineConfig", "ForestEngine", "ScoreBatch"]
+__all__ = ["EngineConfig", "ForestEngine", "ScoreBatch", "check_batch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,24 @@ class EngineConfig:
     def validate(self) -> None:
         if self.dims < 1 or self.shingle < 1 or self.trees < 1 or self.sample_size < 4:
             raise ValueError(f"invalid engine config {self}")
+        if self.time_decay is not None and not 0.0 <= self.time_decay < 1.0:
+            raise ValueError(f"time_decay must be in [0, 1), got {self.time_decay}")
+        if self.output_after is not None and self.output_after < 0:
+            raise ValueError(f"output_after must be >= 0, got {self.output_after}")
+
+    @property
+    def effective_time_decay(self) -> float:
+        """``time_decay`` with AWS's default filled in."""
+        if self.time_decay is not None:
+            return self.time_decay
+        return 1.0 / (10.0 * self.sample_size)
+
+    @property
+    def effective_output_after(self) -> int:
+        """``output_after`` with AWS's default (a quarter of the sample size) filled in."""
+        if self.output_after is not None:
+            return self.output_after
+        return self.sample_size // 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +72,8 @@ class ScoreBatch:
     """(n, dims): how much each base feature contributed (summed over the shingle), high
     and low directions added; ``direction`` says which dominated."""
     direction: npt.NDArray[np.int8]
-    """(n, dims): +1 if the point is above what the model expects in that feature, -1 below."""
+    """(n, dims): +1 if the point is above what the model expects in that feature, -1 below,
+    0 where the feature contributed nothing (or the row was not attributed)."""
 
 
 class ForestEngine(ABC):
@@ -72,15 +91,28 @@ class ForestEngine(ABC):
 
     @abstractmethod
     def update(
-        self, model_ids: npt.NDArray[np.int64], points: npt.NDArray[np.float32]
+        self,
+        model_ids: npt.NDArray[np.int64],
+        points: npt.NDArray[np.float32],
+        attribute_above: float | npt.NDArray[np.float64] = 0.0,
     ) -> ScoreBatch:
-        """Score each point against its model, then learn it. Ids in one call are unique."""
+        """Score each point against its model, then learn it. Ids in one call are unique.
+
+        ``attribute_above`` (a scalar or one value per row) lets a caller skip attribution
+        where it will not be read: attribution and direction are only guaranteed for rows
+        whose score exceeds it, other rows may be zero. Engines whose attribution costs a
+        second pass over the trees (krcf) skip it; engines that get it for free fill every
+        row. The default attributes every scored row.
+        """
 
     @abstractmethod
     def score(
-        self, model_ids: npt.NDArray[np.int64], points: npt.NDArray[np.float32]
+        self,
+        model_ids: npt.NDArray[np.int64],
+        points: npt.NDArray[np.float32],
+        attribute_above: float | npt.NDArray[np.float64] = 0.0,
     ) -> ScoreBatch:
-        """Score without learning: no side effect on any model."""
+        """Score without learning: no side effect on any model (same ``attribute_above``)."""
 
     @abstractmethod
     def checkpoint(self, model_id: int) -> bytes:
@@ -93,3 +125,21 @@ class ForestEngine(ABC):
     @abstractmethod
     def model_bytes(self, model_id: int) -> int:
         """Resident memory of one model, in bytes."""
+
+
+def check_batch(
+    config: EngineConfig, model_ids: npt.NDArray[np.int64], points: npt.NDArray[np.float32]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+    """Validate one batched call (shapes, finite values, unique ids) the same way for
+    every engine, so a caller's mistake reads the same whichever engine runs."""
+    ids = np.ascontiguousarray(model_ids, dtype=np.int64).reshape(-1)
+    pts = np.ascontiguousarray(points, dtype=np.float32)
+    if pts.ndim != 2 or pts.shape != (len(ids), config.dims):
+        raise ValueError(
+            f"points must have shape ({len(ids)}, {config.dims}), got {tuple(pts.shape)}"
+        )
+    if not np.all(np.isfinite(pts)):
+        raise ValueError("points must be finite (impute NaN before the engine)")
+    if len(ids) > 1 and len(np.unique(ids)) != len(ids):
+        raise ValueError("model ids in one call must be unique")
+    return ids, pts
