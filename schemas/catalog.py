@@ -21,10 +21,10 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
-    "CATALOG",
     "BY_DCGM_FIELD",
     "BY_ID",
     "BY_NAME",
+    "CATALOG",
     "Kind",
     "Metric",
     "metric_ids",

@@ -196,8 +196,8 @@ def decode_frame(data: bytes | bytearray | memoryview) -> SampleFrame:
     if len(np.unique(ids)) != ids.size or len(set(extra)) != len(extra):
         raise DecodeError("metric ids and extra names must not repeat")
     gpus = _int_list(header, "gpus", g)
-    if any(not 0 <= i < 65536 for i in gpus):
-        raise DecodeError("GPU indices must be in [0, 65536)")
+    if any(not 0 <= i < 65536 for i in gpus) or len(set(gpus)) != len(gpus):
+        raise DecodeError("GPU indices must be unique and in [0, 65536)")
     uuids = _str_list(header, "uuids", g)
     if any(len(u) > 128 for u in uuids):
         raise DecodeError("GPU UUIDs are at most 128 characters")

@@ -74,11 +74,10 @@ def _get(obj: dict[str, Any], key: str, types: type | tuple[type, ...], what: st
 
 def _enum(cls: type[StrEnum], obj: dict[str, Any], key: str, what: str) -> Any:
     value = obj.get(key)
-    try:
+    if isinstance(value, str) and value in cls._value2member_map_:
         return cls(value)
-    except ValueError:
-        allowed = ", ".join(m.value for m in cls)  # type: ignore[attr-defined]
-        raise DecodeError(f"{what} field {key!r} is {value!r:.40}, not one of {allowed}") from None
+    allowed = ", ".join(m.value for m in cls)
+    raise DecodeError(f"{what} field {key!r} is {value!r:.40}, not one of {allowed}")
 
 
 @dataclass(frozen=True, slots=True)
