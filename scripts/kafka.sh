@@ -1,0 +1,283 @@
+#!/usr/bin/env bash
+# A single-node Apache Kafka (KRaft) broker on 127.0.0.1 for tests and local runs.
+#
+#   scripts/kafka.sh start  [--dir DIR] [--owner PID]   start (or find running) broker;
+#                                                       last stdout line = bootstrap address
+#   scripts/kafka.sh stop   [--dir DIR]                 stop the broker of DIR (only that one)
+#   scripts/kafka.sh status [--dir DIR]                 exit 0 and print the address if running,
+#                                                       exit 3 if not
+#
+# Why Maven and not the release tarball: Java 17 and Maven are the only prerequisites of the
+# test command, and Maven already knows how to fetch, verify and cache jars. The broker's
+# runtime closure (kafka_2.13 plus the logging backend its POM leaves out, see
+# scripts/kafka/pom.xml) is copied once into a cache folder and reused.
+#
+# DIR is the broker's whole state: server.properties (ports chosen once, on the first start),
+# data/ (KRaft metadata and topics), server.log, the pid file. Starting the same DIR again
+# keeps its ports and its data, which is what the stop/start tests need.
+#
+# --owner PID: a watchdog stops the broker when PID exits, so a test run killed with -9
+# does not leave a broker behind.
+#
+# Environment (all optional):
+#   FLEETPULSE_KAFKA_VERSION        Kafka version (default 4.4.0; 4.x only, see the pom)
+#   FLEETPULSE_KAFKA_CACHE          folder for the jars (default ~/.cache/fleetpulse/kafka-VERSION)
+#   FLEETPULSE_KAFKA_START_TIMEOUT  seconds to wait for the broker (default 120)
+#   FLEETPULSE_KAFKA_JVM_OPTS       JVM flags (default: small heap, serial GC, C1 only)
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+KAFKA_VERSION="${FLEETPULSE_KAFKA_VERSION:-4.4.0}"
+CACHE="${FLEETPULSE_KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fleetpulse/kafka-$KAFKA_VERSION}"
+START_TIMEOUT="${FLEETPULSE_KAFKA_START_TIMEOUT:-120}"
+JVM_OPTS="${FLEETPULSE_KAFKA_JVM_OPTS:--Xms256m -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true}"
+STOP_GRACE=30
+
+die() { echo "kafka.sh: $*" >&2; exit 1; }
+say() { echo "kafka.sh: $*" >&2; }
+
+usage() {
+    sed -n '4,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+}
+
+[[ $# -ge 1 ]] || usage
+CMD="$1"; shift
+DIR="${XDG_CACHE_HOME:-$HOME/.cache}/fleetpulse/broker"
+OWNER=""
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --dir) [[ $# -ge 2 ]] || usage; DIR="$2"; shift 2 ;;
+        --owner) [[ $# -ge 2 ]] || usage; OWNER="$2"; shift 2 ;;
+        -h|--help) usage ;;
+        *) say "unknown argument: $1"; usage ;;
+    esac
+done
+mkdir -p "$DIR"
+DIR="$(cd "$DIR" && pwd)"
+PIDFILE="$DIR/broker.pid"
+WATCHFILE="$DIR/watchdog.pid"
+PROPS="$DIR/server.properties"
+LOG="$DIR/server.log"
+
+# ---------------------------------------------------------------- helpers
+
+# The pid of this DIR's broker if it is alive; checked against its command line so a
+# recycled pid of some other process is never signalled.
+broker_pid() {
+    [[ -f "$PIDFILE" ]] || return 1
+    local pid
+    pid="$(cat "$PIDFILE")"
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+    kill -0 "$pid" 2>/dev/null || return 1
+    tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$PROPS" || return 1
+    echo "$pid"
+}
+
+broker_port() { sed -n 's/^#fleetpulse.port=//p' "$PROPS"; }
+
+bootstrap() { echo "127.0.0.1:$(broker_port)"; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+show_log() {
+    say "---- last lines of $LOG ----"
+    tail -n 60 "$LOG" >&2 2>/dev/null || true
+    if [[ -s "$DIR/stdout.log" ]]; then
+        say "---- $DIR/stdout.log ----"
+        tail -n 30 "$DIR/stdout.log" >&2 || true
+    fi
+}
+
+check_tools() {
+    command -v java >/dev/null || die "java not found: install Java 17+ (e.g. apt-get install openjdk-17-jre-headless)"
+    local v
+    v="$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p')"
+    [[ "${v%%.*}" =~ ^[0-9]+$ && "${v%%.*}" -ge 17 ]] || die "Kafka $KAFKA_VERSION needs Java 17+, found '$v'"
+    command -v python3 >/dev/null || die "python3 not found"
+}
+
+# Copy the broker's runtime jars into $CACHE/lib once. Atomic (temp dir + rename) and
+# serialised with flock, so parallel starts never see a half-filled folder.
+fetch_jars() {
+    [[ -f "$CACHE/lib/.complete" ]] && return 0
+    command -v mvn >/dev/null || die "mvn not found: install Maven (e.g. apt-get install maven)"
+    mkdir -p "$CACHE"
+    exec 9>"$CACHE/.lock"
+    flock 9
+    if [[ ! -f "$CACHE/lib/.complete" ]]; then
+        say "fetching Apache Kafka $KAFKA_VERSION with Maven into $CACHE ..."
+        local tmp="$CACHE/lib.tmp.$$"
+        rm -rf "$tmp"
+        if ! mvn -B -q -Dstyle.color=never -f "$HERE/kafka/pom.xml" \
+                -Dkafka.version="$KAFKA_VERSION" \
+                org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
+                -DoutputDirectory="$tmp" -DincludeScope=runtime >&2; then
+            rm -rf "$tmp"
+            die "Maven could not fetch org.apache.kafka:kafka_2.13:$KAFKA_VERSION"
+        fi
+        ls "$tmp"/kafka_2.13-*.jar >/dev/null 2>&1 || die "no kafka_2.13 jar in $tmp"
+        touch "$tmp/.complete"
+        rm -rf "$CACHE/lib"
+        mv "$tmp" "$CACHE/lib"
+    fi
+    flock -u 9
+    exec 9>&-
+}
+
+# First start of DIR: choose ports, write server.properties, format KRaft storage.
+init_dir() {
+    if [[ ! -f "$PROPS" ]]; then
+        local port cport
+        port="$(free_port)"
+        cport="$(free_port)"
+        while [[ "$cport" == "$port" ]]; do cport="$(free_port)"; done
+        sed -e "s#@PORT@#$port#g" -e "s#@CPORT@#$cport#g" -e "s#@DATA@#$DIR/data#g" \
+            "$HERE/kafka/server.properties.in" > "$PROPS.tmp"
+        # Our own bookkeeping keys; Kafka ignores unknown keys with a warning, so they are
+        # written as comments and parsed from there.
+        printf '#fleetpulse.port=%s\n#fleetpulse.version=%s\n' "$port" "$KAFKA_VERSION" >> "$PROPS.tmp"
+        mv "$PROPS.tmp" "$PROPS"
+    fi
+    if [[ ! -f "$DIR/data/meta.properties" ]]; then
+        local cid
+        cid="$(python3 -c 'import base64,os
+while True:
+    c=base64.urlsafe_b64encode(os.urandom(16)).rstrip(b"=").decode()
+    if not c.startswith("-"): print(c); break')"
+        mkdir -p "$DIR/data"
+        # shellcheck disable=SC2086
+        if ! java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+                -Dkafka.logs.dir="$DIR" -Dlog4j2.configurationFile="$HERE/kafka/log4j2.properties" \
+                -cp "$CACHE/lib/*" kafka.tools.StorageTool format -t "$cid" -c "$PROPS" \
+                > "$DIR/format.log" 2>&1; then
+            cat "$DIR/format.log" >&2
+            die "formatting KRaft storage in $DIR/data failed"
+        fi
+    fi
+}
+
+start_watchdog() {
+    local owner="$1" broker="$2"
+    # The watchdog runs detached; it only ever signals the broker it was started for.
+    setsid bash -c '
+        owner="$1"; broker="$2"; props="$3"
+        while kill -0 "$owner" 2>/dev/null && kill -0 "$broker" 2>/dev/null; do sleep 2; done
+        if kill -0 "$broker" 2>/dev/null && tr "\0" " " < "/proc/$broker/cmdline" | grep -qF -- "$props"; then
+            kill -TERM "$broker" 2>/dev/null
+            for _ in $(seq 1 60); do kill -0 "$broker" 2>/dev/null || exit 0; sleep 0.5; done
+            kill -KILL "$broker" 2>/dev/null
+        fi
+    ' fleetpulse-kafka-watchdog "$owner" "$broker" "$PROPS" </dev/null >/dev/null 2>&1 &
+    echo $! > "$WATCHFILE"
+}
+
+stop_watchdog() {
+    if [[ -f "$WATCHFILE" ]]; then
+        local w
+        w="$(cat "$WATCHFILE")"
+        if [[ "$w" =~ ^[0-9]+$ ]] && tr '\0' ' ' < "/proc/$w/cmdline" 2>/dev/null \
+                | grep -qF -- "fleetpulse-kafka-watchdog"; then
+            kill "$w" 2>/dev/null || true
+        fi
+        rm -f "$WATCHFILE"
+    fi
+}
+
+# ---------------------------------------------------------------- commands
+
+cmd_start() {
+    local pid
+    if pid="$(broker_pid)"; then
+        say "broker already running (pid $pid, dir $DIR)"
+        bootstrap
+        return 0
+    fi
+    check_tools
+    fetch_jars
+    init_dir
+    local port cport
+    port="$(broker_port)"
+    cport="$(sed -n 's/^controller.quorum.voters=1@127.0.0.1://p' "$PROPS")"
+    for p in "$port" "$cport"; do
+        if port_open "$p"; then
+            die "port $p of $DIR is taken by another process; cannot restart this broker"
+        fi
+    done
+    # Only the part of server.log written by this start counts for readiness.
+    local offset=0
+    [[ -f "$LOG" ]] && offset="$(stat -c %s "$LOG")"
+    local t0=$SECONDS
+    # shellcheck disable=SC2086
+    setsid java $JVM_OPTS \
+        -Dkafka.logs.dir="$DIR" -Dlog4j2.configurationFile="$HERE/kafka/log4j2.properties" \
+        -cp "$CACHE/lib/*" kafka.Kafka "$PROPS" \
+        </dev/null >"$DIR/stdout.log" 2>&1 &
+    pid=$!
+    echo "$pid" > "$PIDFILE"
+    [[ -n "$OWNER" ]] && start_watchdog "$OWNER" "$pid"
+    while true; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            show_log
+            rm -f "$PIDFILE"
+            die "broker exited during start-up (dir $DIR)"
+        fi
+        if tail -c +"$((offset + 1))" "$LOG" 2>/dev/null | grep -q "Kafka Server started" \
+                && port_open "$port"; then
+            break
+        fi
+        if (( SECONDS - t0 >= START_TIMEOUT )); then
+            show_log
+            cmd_stop >/dev/null 2>&1 || true
+            die "broker did not start within ${START_TIMEOUT}s (dir $DIR)"
+        fi
+        sleep 0.2
+    done
+    say "Kafka $KAFKA_VERSION started in $((SECONDS - t0))s (pid $pid, dir $DIR)"
+    echo "127.0.0.1:$port"
+}
+
+cmd_stop() {
+    local pid
+    stop_watchdog
+    if ! pid="$(broker_pid)"; then
+        rm -f "$PIDFILE"
+        say "no broker running in $DIR"
+        return 0
+    fi
+    kill -TERM "$pid" 2>/dev/null || true
+    local waited=0
+    while kill -0 "$pid" 2>/dev/null; do
+        if (( waited >= STOP_GRACE * 5 )); then
+            say "broker $pid ignored SIGTERM for ${STOP_GRACE}s; sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            break
+        fi
+        sleep 0.2
+        waited=$((waited + 1))
+    done
+    rm -f "$PIDFILE"
+    say "broker stopped (dir $DIR)"
+}
+
+cmd_status() {
+    local pid
+    if pid="$(broker_pid)"; then
+        say "running (pid $pid, dir $DIR)"
+        bootstrap
+        return 0
+    fi
+    say "not running (dir $DIR)"
+    return 3
+}
+
+case "$CMD" in
+    start) cmd_start ;;
+    stop) cmd_stop ;;
+    status) cmd_status ;;
+    *) usage ;;
+esac
