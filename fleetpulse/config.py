@@ -73,7 +73,7 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None or value == "" and type(None) in typing.get_args(tp):
+        if value is None or (value == "" and type(None) in typing.get_args(tp)):
             return None
         return _convert(value, args[0], where)
     if dataclasses.is_dataclass(tp):
