@@ -1,0 +1,447 @@
+"""The Kafka transport, on aiokafka: what production runs.
+
+Durability first: the producer is idempotent with ``acks=all``, so an acknowledged record is
+on every in-sync replica exactly once, in order per partition. Consumers never auto-commit;
+stages commit offsets once the data they cover is durable downstream (DESIGN.md).
+
+Throughput: frames are ~10 KB and the load test sends a few thousand per second, so the
+producer lingers a few milliseconds and builds large batches, which lz4/zstd then compress
+well (aiokafka[lz4,zstd] brings the cramjam codecs).
+
+Failures: every aiokafka error is re-raised as :class:`TransportError` with ``retriable``
+set, chained to the original. A send while the broker is down fails within
+``request_timeout_ms`` instead of hanging, so the agent can spool to disk.
+
+Rebalances: aiokafka runs its rebalance callbacks on a background task. To give stages the
+contract of base.py (callbacks run inside ``getmany``, never while a returned batch is still
+being processed), the adapter waits until the consumer is back inside ``getmany`` (or
+stopped) before it calls our listener, which is what Kafka's Java client does in ``poll``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
+from aiokafka import TopicPartition as KafkaTP
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    KafkaUnavailableError,
+    NoBrokersAvailable,
+    RequestTimedOutError,
+    TopicAlreadyExistsError,
+)
+from aiokafka.helpers import create_ssl_context
+from aiokafka.structs import RecordMetadata
+
+from fleetpulse.config import TransportConfig
+from fleetpulse.transport.base import (
+    Consumer,
+    Message,
+    RebalanceListener,
+    RecordMeta,
+    TopicPartition,
+    Transport,
+    TransportError,
+)
+
+__all__ = ["KafkaConsumer", "KafkaTransport"]
+
+log = logging.getLogger(__name__)
+
+LINGER_MS = 5
+"""How long the producer waits to fill a batch; a few ms buys large batches at ~no latency."""
+MAX_BATCH_BYTES = 512 * 1024
+"""Per-partition batch size (uncompressed). Below the 1 MiB default ``message.max.bytes``
+of brokers, so batches are accepted by a broker left at its defaults."""
+MAX_REQUEST_BYTES = 1024 * 1024
+"""Largest record the producer accepts (Kafka's default broker limit)."""
+SESSION_TIMEOUT_MS = 10_000
+"""A consumer that vanishes without leaving loses its partitions after this long."""
+HEARTBEAT_MS = 1_000
+"""Heartbeats are also how a member learns of a rebalance, so they are frequent."""
+
+# Errors that mean "the broker is not reachable right now"; aiokafka marks some of these
+# non-retriable, but for us all of them are worth retrying later (the agent spools).
+_UNREACHABLE = (
+    KafkaTimeoutError,
+    KafkaConnectionError,
+    NoBrokersAvailable,
+    KafkaUnavailableError,
+    RequestTimedOutError,
+    asyncio.TimeoutError,
+    ConnectionError,
+)
+
+
+def _is_retriable(exc: BaseException) -> bool:
+    if isinstance(exc, _UNREACHABLE):
+        return True
+    if isinstance(exc, CommitFailedError | IllegalStateError):
+        return False
+    return bool(getattr(exc, "retriable", False))
+
+
+def _error(what: str, exc: BaseException) -> TransportError:
+    """A TransportError for ``exc``; the caller raises it ``from exc``."""
+    return TransportError(f"{what}: {type(exc).__name__}: {exc}", retriable=_is_retriable(exc))
+
+
+def _ktp(tp: TopicPartition) -> KafkaTP:
+    return KafkaTP(tp[0], tp[1])
+
+
+def _tp(ktp: KafkaTP) -> TopicPartition:
+    return (ktp.topic, ktp.partition)
+
+
+class _ListenerAdapter(ConsumerRebalanceListener):
+    """Calls our RebalanceListener only while the consumer is inside ``getmany`` or stopped."""
+
+    def __init__(self, consumer: KafkaConsumer, listener: RebalanceListener | None) -> None:
+        self._consumer = consumer
+        self._listener = listener
+
+    async def on_partitions_revoked(self, revoked: Iterable[KafkaTP]) -> None:
+        tps = frozenset(_tp(t) for t in revoked)
+        if not tps or self._listener is None:
+            return
+        await self._consumer._polling.wait()
+        await self._listener.on_revoked(tps)
+
+    async def on_partitions_assigned(self, assigned: Iterable[KafkaTP]) -> None:
+        tps = frozenset(_tp(t) for t in assigned)
+        if not tps or self._listener is None:
+            return
+        await self._consumer._polling.wait()
+        await self._listener.on_assigned(tps)
+
+
+class KafkaConsumer(Consumer):
+    """One member of a consumer group on a Kafka cluster; it joins at its first call."""
+
+    def __init__(
+        self,
+        transport: KafkaTransport,
+        topics: Sequence[str],
+        group_id: str,
+        listener: RebalanceListener | None,
+        from_beginning: bool,
+    ) -> None:
+        self._transport = transport
+        self._topics = tuple(topics)
+        self._group_id = group_id
+        self._listener = listener
+        self._from_beginning = from_beginning
+        self._consumer: AIOKafkaConsumer | None = None
+        self._stopped = False
+        # Set while the user is not holding a batch: inside getmany, before the first
+        # getmany, or after stop. Rebalance callbacks wait for it.
+        self._polling = asyncio.Event()
+        self._polling.set()
+
+    async def _client(self) -> AIOKafkaConsumer:
+        if self._stopped:
+            raise TransportError("consumer is stopped", retriable=False)
+        if self._consumer is None:
+            cfg = self._transport.config
+            consumer = AIOKafkaConsumer(
+                **self._transport.connection_options(),
+                group_id=self._group_id,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest" if self._from_beginning else "latest",
+                session_timeout_ms=SESSION_TIMEOUT_MS,
+                heartbeat_interval_ms=HEARTBEAT_MS,
+                request_timeout_ms=max(cfg.request_timeout_ms, SESSION_TIMEOUT_MS + 5_000),
+                max_partition_fetch_bytes=4 * MAX_REQUEST_BYTES,
+            )
+            consumer.subscribe(self._topics, listener=_ListenerAdapter(self, self._listener))
+            try:
+                await consumer.start()
+            except Exception as exc:
+                await _quietly(consumer.stop())
+                raise _error(f"consumer of group {self._group_id!r} could not start", exc) from exc
+            self._consumer = consumer
+        return self._consumer
+
+    async def getmany(self, timeout_ms: int = 1000, max_records: int = 1000) -> list[Message]:
+        consumer = await self._client()
+        self._polling.set()
+        try:
+            batches = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+        except KafkaError as exc:
+            raise _error(f"fetch for group {self._group_id!r} failed", exc) from exc
+        out = [
+            Message(
+                topic=r.topic,
+                partition=r.partition,
+                offset=r.offset,
+                key=r.key,
+                value=r.value if r.value is not None else b"",
+                timestamp_ms=r.timestamp,
+                headers=tuple((k, bytes(v)) for k, v in r.headers),
+            )
+            for ktp in sorted(batches, key=_tp)
+            for r in batches[ktp]
+        ]
+        if out:
+            self._polling.clear()
+        return out
+
+    async def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
+        consumer = await self._client()
+        try:
+            if offsets is None:
+                await consumer.commit()
+            else:
+                await consumer.commit({_ktp(tp): off for tp, off in offsets.items()})
+        except KafkaError as exc:
+            raise _error(f"commit for group {self._group_id!r} failed", exc) from exc
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        consumer = await self._client()
+        try:
+            offset = await consumer.committed(_ktp(tp))
+        except KafkaError as exc:
+            raise _error(f"reading the committed offset of {tp} failed", exc) from exc
+        return None if offset is None or offset < 0 else int(offset)
+
+    def assignment(self) -> frozenset[TopicPartition]:
+        if self._consumer is None or self._stopped:
+            return frozenset()
+        return frozenset(_tp(t) for t in self._consumer.assignment())
+
+    async def seek(self, tp: TopicPartition, offset: int) -> None:
+        consumer = await self._client()
+        try:
+            consumer.seek(_ktp(tp), offset)
+        except (KafkaError, ValueError) as exc:
+            raise TransportError(f"cannot seek {tp}: {exc}", retriable=False) from exc
+
+    async def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        consumer = await self._client()
+        try:
+            ends = await consumer.end_offsets([_ktp(tp) for tp in tps])
+        except KafkaError as exc:
+            raise _error("reading end offsets failed", exc) from exc
+        return {_tp(k): int(v) for k, v in ends.items()}
+
+    async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        self._polling.set()
+        if self._consumer is not None:
+            consumer, self._consumer = self._consumer, None
+            await _quietly(consumer.stop())
+
+
+async def _quietly(aw: Any) -> None:
+    """Await a shutdown step; a failing close must not hide the error that caused it."""
+    try:
+        await aw
+    except Exception as exc:  # a broker gone away while closing is not an error
+        log.debug("ignored while closing: %r", exc)
+
+
+class KafkaTransport(Transport):
+    """:class:`Transport` over a Kafka cluster reached at ``config.bootstrap``."""
+
+    def __init__(self, config: TransportConfig, **producer_options: Any) -> None:
+        """``producer_options`` override the producer settings above (benchmarks tune them)."""
+        config.validate()
+        if config.is_memory:
+            raise TransportError(f"{config.bootstrap!r} is not a Kafka address", retriable=False)
+        self.config = config
+        self._producer_options = producer_options
+        self._producer: AIOKafkaProducer | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+        self._consumers: list[KafkaConsumer] = []
+
+    def connection_options(self) -> dict[str, Any]:
+        """Address, client id and the SASL/SSL settings, shared by producer, consumers, admin."""
+        cfg = self.config
+        opts: dict[str, Any] = {
+            "bootstrap_servers": [s.strip() for s in cfg.bootstrap.split(",") if s.strip()],
+            "client_id": cfg.client_id,
+            "security_protocol": cfg.security_protocol,
+        }
+        if cfg.security_protocol in ("SSL", "SASL_SSL"):
+            opts["ssl_context"] = create_ssl_context(
+                cafile=cfg.ssl_cafile or None,
+                certfile=cfg.ssl_certfile or None,
+                keyfile=cfg.ssl_keyfile or None,
+            )
+        if cfg.security_protocol.startswith("SASL_"):
+            opts["sasl_mechanism"] = cfg.sasl_mechanism
+            opts["sasl_plain_username"] = cfg.sasl_username
+            opts["sasl_plain_password"] = cfg.sasl_password
+        return opts
+
+    async def start(self) -> None:
+        if self._producer is not None:
+            return
+        cfg = self.config
+        options: dict[str, Any] = {
+            **self.connection_options(),
+            "acks": "all",
+            "enable_idempotence": True,
+            "compression_type": None if cfg.compression == "none" else cfg.compression,
+            "linger_ms": LINGER_MS,
+            "max_batch_size": MAX_BATCH_BYTES,
+            "max_request_size": MAX_REQUEST_BYTES,
+            "request_timeout_ms": cfg.request_timeout_ms,
+        }
+        options.update(self._producer_options)
+        producer = AIOKafkaProducer(**options)
+        try:
+            await producer.start()
+        except Exception as exc:
+            await _quietly(producer.stop())
+            raise _error(f"cannot reach Kafka at {cfg.bootstrap}", exc) from exc
+        self._producer = producer
+
+    def _require_producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise TransportError("transport is not started (or closed)", retriable=False)
+        return self._producer
+
+    async def close(self) -> None:
+        for consumer in self._consumers:
+            await consumer.stop()
+        self._consumers.clear()
+        if self._admin is not None:
+            admin, self._admin = self._admin, None
+            await _quietly(admin.close())
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            # stop() flushes what is queued; with the broker down that ends after
+            # request_timeout_ms, when the pending batches expire.
+            await _quietly(producer.stop())
+
+    async def _admin_client(self) -> AIOKafkaAdminClient:
+        if self._admin is None:
+            admin = AIOKafkaAdminClient(
+                **self.connection_options(), request_timeout_ms=self.config.request_timeout_ms
+            )
+            try:
+                await admin.start()
+            except Exception as exc:
+                await _quietly(admin.close())
+                raise _error(f"cannot reach Kafka at {self.config.bootstrap}", exc) from exc
+            self._admin = admin
+        return self._admin
+
+    async def ensure_topics(self, topics: Mapping[str, int]) -> None:
+        if not topics:
+            return
+        admin = await self._admin_client()
+        try:
+            existing = set(await admin.list_topics())
+            wanted = {name: n for name, n in topics.items() if name not in existing}
+            if wanted:
+                # CreateTopics v3 (aiokafka's newest) needs an explicit replication factor:
+                # three copies where the cluster has three brokers, fewer on a test broker.
+                brokers = len((await admin.describe_cluster()).get("brokers", ())) or 1
+                replicas = min(3, brokers)
+                response = await admin.create_topics(
+                    [NewTopic(name, n, replicas) for name, n in wanted.items()]
+                )
+                for name, code, *rest in response.topic_errors:
+                    if code not in (0, TopicAlreadyExistsError.errno):
+                        raise TransportError(
+                            f"creating topic {name!r} failed: error {code} {rest[:1]}",
+                            retriable=False,
+                        )
+        except KafkaError as exc:
+            raise _error(f"creating topics {sorted(topics)} failed", exc) from exc
+        # Producers must see the new partitions before keyed sends pick one.
+        producer = self._producer
+        if producer is not None:
+            for name, n in topics.items():
+                await self._wait_partitions(producer, name, n)
+
+    async def _wait_partitions(self, producer: AIOKafkaProducer, topic: str, n: int) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.request_timeout_ms / 1000
+        while True:
+            try:
+                parts = await producer.partitions_for(topic)
+            except KafkaError as exc:
+                raise _error(f"metadata of {topic!r} unavailable", exc) from exc
+            if parts is not None and len(parts) >= n:
+                return
+            if loop.time() > deadline:
+                raise TransportError(f"topic {topic!r} has no {n} partitions yet", retriable=True)
+            await producer.client.force_metadata_update()
+            await asyncio.sleep(0.05)
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes,
+        *,
+        key: bytes | None = None,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> asyncio.Future[RecordMeta]:
+        producer = self._require_producer()
+        try:
+            sent = await producer.send(topic, value, key=key, headers=list(headers) or None)
+        except KafkaError as exc:
+            raise _error(f"send to {topic!r} failed", exc) from exc
+        acked: asyncio.Future[RecordMeta] = asyncio.get_running_loop().create_future()
+
+        def done(f: asyncio.Future[RecordMetadata]) -> None:
+            if acked.done():
+                return
+            if f.cancelled():
+                acked.set_exception(TransportError(f"send to {topic!r} was cancelled"))
+                return
+            exc = f.exception()
+            if exc is not None:
+                err = _error(f"send to {topic!r} failed", exc)
+                err.__cause__ = exc
+                acked.set_exception(err)
+                return
+            meta = f.result()
+            acked.set_result(RecordMeta(meta.topic, meta.partition, meta.offset))
+
+        sent.add_done_callback(done)
+        return acked
+
+    async def flush(self) -> None:
+        producer = self._require_producer()
+        try:
+            await producer.flush()
+        except KafkaError as exc:
+            raise _error("flush failed", exc) from exc
+
+    async def partitions_for(self, topic: str) -> int:
+        producer = self._require_producer()
+        try:
+            parts = await producer.partitions_for(topic)
+        except KafkaError as exc:
+            raise _error(f"metadata of {topic!r} unavailable", exc) from exc
+        if not parts:
+            raise TransportError(f"topic {topic!r} has no partitions", retriable=True)
+        return len(parts)
+
+    def consumer(
+        self,
+        topics: Sequence[str],
+        group_id: str,
+        *,
+        listener: RebalanceListener | None = None,
+        from_beginning: bool = True,
+    ) -> Consumer:
+        consumer = KafkaConsumer(self, topics, group_id, listener, from_beginning)
+        self._consumers.append(consumer)
+        return consumer
