@@ -1,0 +1,53 @@
+"""The synthetic GPU fleet: load generator and ground truth for the detector.
+
+A vectorised numpy model of N GPUs in rows / racks / nodes, deterministic from a seed, with
+every catalog metric that NVML provides at NVML's granularity, workloads, thermal dynamics,
+throttling, rare ECC/XID, and injected faults with labels.
+
+For the benchmarks (compression, detection), in Python::
+
+    from agent.fleet import generate, save_npz, load_npz
+    data = generate(gpus=64, hz=1.0, duration_s=3600, faults=8, seed=1)
+    data.ts        # (G, T) int64 epoch ms
+    data.values    # (G, T, M) float64, base units, NaN = not sampled
+    data.metrics   # (M,) catalog names (agent.fleet.METRICS)
+    data.labels    # [{"gpu", "kind", "start_s", "end_s"}, ...] one per affected GPU
+    save_npz("fleet.npz", data); load_npz("fleet.npz")
+
+or from the shell: ``fleetpulse fleet --gpus 64 --hz 1 --duration 3600 --faults 8
+--export fleet.npz --labels labels.json``.
+
+Step by step (live publishing, the agent's synthetic source)::
+
+    topo = Topology(gpus=10_000)
+    model = FleetModel(topo, hz=1.0, seed=1, faults=plan_faults(topo, 8, 600, 1.0, seed=1))
+    ts, values = model.step()   # ts (nodes,) int64 ms, values (G, M) float64
+    # node n's GPUs are rows topo.gpus_of_node(n); columns are METRIC_IDS
+
+Modules: topology (names and index arrays), workloads (what nodes run), thermal (inlet air,
+temperatures, clock governor and NVML clock-event bits), faults (kinds, plan, labels), model
+(one tick), export (bulk and .npz).
+"""
+
+from agent.fleet.export import FleetData, generate, load_npz, save_npz
+from agent.fleet.faults import Fault, FaultKind, labels_of, plan_faults, read_labels, write_labels
+from agent.fleet.model import DEFAULT_START_MS, METRIC_IDS, METRICS, FleetModel
+from agent.fleet.topology import Topology
+
+__all__ = [
+    "DEFAULT_START_MS",
+    "METRICS",
+    "METRIC_IDS",
+    "Fault",
+    "FaultKind",
+    "FleetData",
+    "FleetModel",
+    "Topology",
+    "generate",
+    "labels_of",
+    "load_npz",
+    "plan_faults",
+    "read_labels",
+    "save_npz",
+    "write_labels",
+]
