@@ -1,0 +1,321 @@
+"""Publishing the fleet live: one logical agent per node, through the agent's own publisher.
+
+The fleet is a load generator for the *real* path, so it publishes exactly what a node's
+agent would: a :class:`~schemas.frame.SampleFrame` per node every ``ticks_per_frame`` ticks,
+keyed by rack, with its own agent incarnation id and gap-free sequence numbers
+(:class:`~agent.publisher.AgentSequence`), through one shared
+:class:`~agent.publisher.Publisher` (pipelined, bounded in flight). XIDs go to the events
+topic as the agent's sampler would send them.
+
+Cost per tick is one model step (numpy over all GPUs); Python work is per node per frame
+(build the frame, encode, hand to the producer), never per GPU or per metric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.fleet.config import FleetConfig
+from agent.fleet.faults import labels_of, plan_faults, write_labels
+from agent.fleet.model import METRIC_IDS, METRICS, FleetModel
+from agent.fleet.topology import Topology
+from agent.publisher import AgentSequence, Publisher, new_agent_id
+from fleetpulse.transport import (
+    Consumer,
+    RebalanceListener,
+    RecordMeta,
+    Transport,
+    open_transport,
+)
+from schemas.frame import SampleFrame
+from schemas.records import EventKind, EventRecord
+from schemas.topics import Topics
+
+__all__ = ["AckTimer", "LiveStats", "run_live"]
+
+log = logging.getLogger(__name__)
+
+_XID_COL = METRICS.index("fleetpulse_gpu_xid")
+_YIELD_EVERY = 64
+"""Frames published between yields to the event loop, so the producer's sender runs."""
+
+
+class AckTimer(Transport):
+    """A pass-through transport that records send-to-acknowledgement latency.
+
+    Wrapping rather than subclassing keeps the measurement independent of the transport
+    implementation; every call goes to ``inner`` unchanged.
+    """
+
+    def __init__(self, inner: Transport, size: int = 1 << 16) -> None:
+        self.inner = inner
+        self.latency_s = np.zeros(size)
+        self.count = 0
+
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def ensure_topics(self, topics: Mapping[str, int]) -> None:
+        await self.inner.ensure_topics(topics)
+
+    async def send(self, topic: str, value: bytes, *, key: bytes | None = None,
+                   headers: Sequence[tuple[str, bytes]] = ()) -> asyncio.Future[RecordMeta]:
+        t0 = time.perf_counter()
+        fut = await self.inner.send(topic, value, key=key, headers=headers)
+
+        def done(f: asyncio.Future[RecordMeta]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                self.latency_s[self.count % self.latency_s.size] = time.perf_counter() - t0
+                self.count += 1
+
+        fut.add_done_callback(done)
+        return fut
+
+    async def flush(self) -> None:
+        await self.inner.flush()
+
+    async def partitions_for(self, topic: str) -> int:
+        return await self.inner.partitions_for(topic)
+
+    def consumer(self, topics: Sequence[str], group_id: str, *,
+                 listener: RebalanceListener | None = None,
+                 from_beginning: bool = True) -> Consumer:
+        return self.inner.consumer(topics, group_id, listener=listener,
+                                   from_beginning=from_beginning)
+
+    def recent(self, since: int) -> npt.NDArray[np.float64]:
+        """Latencies recorded since count ``since`` (at most the ring's size)."""
+        n = min(self.count - since, self.latency_s.size)
+        if n <= 0:
+            return np.empty(0)
+        idx = np.arange(self.count - n, self.count) % self.latency_s.size
+        return self.latency_s[idx]
+
+
+@dataclass(slots=True)
+class LiveStats:
+    """Counters of one live run; the summary is what the load benchmark reads."""
+
+    ticks: int = 0
+    frames: int = 0
+    metrics: int = 0
+    events: int = 0
+    behind_s_max: float = 0.0
+    """How far generation fell behind the wall-clock schedule (realtime mode)."""
+    started: float = field(default_factory=time.monotonic)
+
+
+def _pct(x: npt.NDArray[np.float64], q: float) -> float | None:
+    return round(float(np.percentile(x, q)) * 1000.0, 2) if x.size else None
+
+
+async def run_live(
+    cfg: FleetConfig,
+    *,
+    stop: asyncio.Event | None = None,
+    progress: TextIO | None = sys.stderr,
+) -> dict[str, Any]:
+    """Run the fleet against ``cfg.transport`` until ``duration_s`` or ``stop``; summary out."""
+    cfg.validate()
+    stop = stop or asyncio.Event()
+    topo = Topology(cfg.gpus, cfg.gpus_per_node, cfg.nodes_per_rack, cfg.racks_per_row,
+                    cfg.cluster)
+    total_ticks = math.inf if cfg.duration_s == 0 else round(cfg.duration_s * cfg.hz)
+    plan = plan_faults(topo, cfg.faults, cfg.duration_s, cfg.hz, cfg.seed,
+                       cfg.fault_kinds or None) if cfg.faults else []
+    if cfg.labels:
+        write_labels(cfg.labels, plan)
+    start_ms = time.time_ns() // 1_000_000
+    model = FleetModel(topo, hz=cfg.hz, seed=cfg.seed, start_ms=start_ms, faults=plan)
+    topics = Topics(cfg.transport.topic_prefix)
+    timer = AckTimer(open_transport(cfg.transport))
+    await timer.start()
+    publisher: Publisher | None = None
+    stats = LiveStats()
+    try:
+        await timer.ensure_topics({topics.samples: cfg.partitions, topics.events: cfg.partitions})
+        publisher = Publisher(timer, topics.samples, None, max_in_flight=cfg.max_in_flight)
+        await publisher.start()
+        await _publish_loop(cfg, topo, model, timer, publisher, topics, stats, total_ticks,
+                            stop, progress)
+    finally:
+        if publisher is not None:
+            await publisher.close(timeout_s=30.0)
+        await timer.close()
+    elapsed = time.monotonic() - stats.started
+    lat = timer.recent(0)
+    pub = publisher.stats if publisher is not None else None
+    return {
+        "gpus": topo.gpus,
+        "nodes": topo.nodes,
+        "metrics_per_gpu": len(METRICS),
+        "hz": cfg.hz,
+        "ticks": stats.ticks,
+        "frames": stats.frames,
+        "metrics": stats.metrics,
+        "events": stats.events,
+        "seconds": round(elapsed, 3),
+        "metrics_per_s": round(stats.metrics / elapsed, 1) if elapsed > 0 else 0.0,
+        "frames_per_s": round(stats.frames / elapsed, 1) if elapsed > 0 else 0.0,
+        "ack_ms_p50": _pct(lat, 50),
+        "ack_ms_p99": _pct(lat, 99),
+        "behind_s_max": round(stats.behind_s_max, 3),
+        "frames_acked": pub.frames_sent if pub else 0,
+        "frames_lost": pub.lost_frames if pub else 0,
+        "frames_rejected": pub.rejected_frames if pub else 0,
+        "faults": len(plan),
+        "labels": len(labels_of(plan)),
+        "start_ms": start_ms,
+    }
+
+
+async def _publish_loop(
+    cfg: FleetConfig,
+    topo: Topology,
+    model: FleetModel,
+    timer: AckTimer,
+    publisher: Publisher,
+    topics: Topics,
+    stats: LiveStats,
+    total_ticks: float,
+    stop: asyncio.Event,
+    progress: TextIO | None,
+) -> None:
+    loop = asyncio.get_running_loop()
+    nodes, gpn, m = topo.nodes, topo.gpn, len(METRICS)
+    per = cfg.ticks_per_frame
+    idents = topo.identities
+    seqs = [AgentSequence(new_agent_id(ident.node)) for ident in idents]
+    local = np.arange(gpn, dtype=np.int32)
+    uuids = [model.uuids[topo.gpus_of_node(n)] for n in range(nodes)]
+    ts_buf = np.empty((per, nodes), dtype=np.int64)
+    val_buf = np.empty((per, topo.gpus, m))
+    t0 = loop.time()
+    last = (t0, 0, 0, 0)  # time, frames, metrics, ack count at the previous progress line
+    k = 0
+    while k < total_ticks and not stop.is_set():
+        due = t0 + k / cfg.hz
+        now = loop.time()
+        if cfg.realtime and due > now:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(due - now):
+                    await stop.wait()
+            if stop.is_set():
+                break
+        elif cfg.realtime:
+            stats.behind_s_max = max(stats.behind_s_max, now - due)
+        slot = k % per
+        ts, values = model.step(out=val_buf[slot])
+        ts_buf[slot] = ts
+        k += 1
+        stats.ticks = k
+        await _send_events(timer, topics, idents, seqs, model, topo, ts, values, stats)
+        if slot == per - 1 or k >= total_ticks:
+            await _send_frames(publisher, idents, seqs, local, uuids, ts_buf[: slot + 1],
+                               val_buf[: slot + 1].reshape(slot + 1, nodes, gpn, m), stats)
+        if progress is not None and cfg.progress_s and loop.time() - last[0] >= cfg.progress_s:
+            last = _progress_line(progress, loop.time(), last, stats, timer, publisher, k,
+                                  total_ticks)
+    # A stop between frames: publish the ticks already generated, so nothing is dropped.
+    slot = k % per
+    if slot and stop.is_set():
+        await _send_frames(publisher, idents, seqs, local, uuids, ts_buf[:slot],
+                           val_buf[:slot].reshape(slot, nodes, gpn, m), stats)
+    if progress is not None and cfg.progress_s:
+        _progress_line(progress, loop.time(), last, stats, timer, publisher, k, total_ticks)
+        progress.write("\n")
+
+
+async def _send_frames(
+    publisher: Publisher,
+    idents: Sequence[Any],
+    seqs: Sequence[AgentSequence],
+    local: npt.NDArray[np.int32],
+    uuids: Sequence[tuple[str, ...]],
+    ts: npt.NDArray[np.int64],
+    values: npt.NDArray[np.float64],
+    stats: LiveStats,
+) -> None:
+    """One frame per node: ``ts`` (T, nodes), ``values`` (T, nodes, gpn, M)."""
+    per_frame = values.shape[0] * values.shape[2] * values.shape[3]
+    for n, ident in enumerate(idents):
+        seq = seqs[n]
+        frame = SampleFrame(ident, seq.agent, seq.next(), METRIC_IDS, local, uuids[n],
+                            ts[:, n], values[:, n])
+        await publisher.publish_frame(frame)
+        if n % _YIELD_EVERY == _YIELD_EVERY - 1:
+            await asyncio.sleep(0)
+    stats.frames += len(idents)
+    stats.metrics += per_frame * len(idents)
+
+
+async def _send_events(
+    transport: Transport,
+    topics: Topics,
+    idents: Sequence[Any],
+    seqs: Sequence[AgentSequence],
+    model: FleetModel,
+    topo: Topology,
+    ts: npt.NDArray[np.int64],
+    values: npt.NDArray[np.float64],
+    stats: LiveStats,
+) -> None:
+    """XIDs of this tick as event records (rare: a handful per hour per thousand GPUs)."""
+    hits = np.flatnonzero(~np.isnan(values[:, _XID_COL]))
+    for g in _as_ints(hits):
+        node = g // topo.gpn
+        code = int(values[g, _XID_COL])
+        kind = EventKind.GPU_LOST if code == 79 else EventKind.XID
+        rec = EventRecord(kind, idents[node], seqs[node].agent, int(ts[node]),
+                          gpu=g % topo.gpn, uuid=model.uuids[g], data={"xid": code})
+        fut = await transport.send(topics.events, rec.to_bytes(), key=rec.key)
+        fut.add_done_callback(_ignore_result)
+        stats.events += 1
+
+
+def _as_ints(a: npt.NDArray[np.intp]) -> Iterable[int]:
+    return (int(x) for x in a)
+
+
+def _ignore_result(fut: asyncio.Future[RecordMeta]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("event not delivered: %s", fut.exception())
+
+
+def _progress_line(
+    out: TextIO,
+    now: float,
+    last: tuple[float, int, int, int],
+    stats: LiveStats,
+    timer: AckTimer,
+    publisher: Publisher,
+    k: int,
+    total: float,
+) -> tuple[float, int, int, int]:
+    t_prev, frames_prev, metrics_prev, acks_prev = last
+    dt = max(now - t_prev, 1e-9)
+    lat = timer.recent(acks_prev)
+    p50, p99 = _pct(lat, 50), _pct(lat, 99)
+    of = "" if math.isinf(total) else f"/{int(total)}"
+    out.write(
+        f"\rfleet tick {k}{of} | {(stats.metrics - metrics_prev) / dt:,.0f} metrics/s | "
+        f"{(stats.frames - frames_prev) / dt:,.0f} frames/s | ack p50 {p50} ms p99 {p99} ms | "
+        f"in flight {publisher.stats.in_flight} | behind {stats.behind_s_max:.2f} s | "
+        f"lost {publisher.stats.lost_frames}   "
+    )
+    out.flush()
+    return now, stats.frames, stats.metrics, timer.count
