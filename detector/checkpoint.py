@@ -1,0 +1,169 @@
+"""Checkpoints of a shard: models, thresholds, rules, open alerts and the consumed offset.
+
+One file per samples partition (``samples-<p>.ckpt``) in the state directory, written to a
+temporary name, fsynced and renamed, so a crash leaves either the old or the new file,
+never a torn one. State and offset are saved together: on restart the shard is restored and
+the partition is read again from exactly the saved offset, so what the models learn after
+a crash equals what they would have learned without it.
+
+Format: an ``.npz`` (``allow_pickle=False``) holding
+
+- ``meta``: UTF-8 JSON (format version, offset, engine name and config, registry, open
+  alert records, counters);
+- the state arrays of every component under their dotted names;
+- ``gpu_blobs`` / ``gpu_blob_ends`` and ``rack_blobs`` / ``rack_blob_ends``: the engine's
+  per-model checkpoint bytes, concatenated, with end offsets.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from detector.engines import ForestEngine
+from detector.shard import DetectorShard
+from schemas.errors import DecodeError
+from schemas.records import AlertRecord
+
+__all__ = ["CheckpointError", "checkpoint_path", "load_shard", "save_shard"]
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file exists but cannot be used (corrupt, other version or engine)."""
+
+
+def checkpoint_path(state_dir: Path, partition: int) -> Path:
+    return state_dir / f"samples-{int(partition)}.ckpt"
+
+
+def _blobs(engine: ForestEngine, n: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    parts = [engine.checkpoint(i) for i in range(n)]
+    ends = np.cumsum([len(p) for p in parts], dtype=np.int64)
+    return np.frombuffer(b"".join(parts), dtype=np.uint8), ends
+
+
+def _unblob(engine: ForestEngine, blob: npt.NDArray[np.uint8], ends: npt.NDArray[np.int64]
+            ) -> None:
+    data = blob.tobytes()
+    start = 0
+    for i, end in enumerate(ends.tolist()):
+        engine.restore(i, data[start:end])
+        start = end
+
+
+def shard_bytes(shard: DetectorShard, offsets: dict[str, int]) -> bytes:
+    """Serialise ``shard`` with the offsets (topic -> next offset) its state covers."""
+    arrays: dict[str, Any] = {}
+    arrays.update(shard.features.state_arrays())
+    arrays.update(shard.gpu_bank.state_arrays("gpu"))
+    arrays.update(shard.rules.state_arrays())
+    arrays.update(shard.rack_windows.state_arrays())
+    arrays.update(shard.rack_bank.state_arrays("rack"))
+    arrays["rack_of"] = shard.rack_of
+    arrays["gpu_blobs"], arrays["gpu_blob_ends"] = _blobs(shard.gpu_bank.engine,
+                                                          len(shard.gpu_paths))
+    arrays["rack_blobs"], arrays["rack_blob_ends"] = _blobs(shard.rack_bank.engine,
+                                                            len(shard.rack_paths))
+    meta = {
+        "version": FORMAT_VERSION,
+        "offsets": offsets,
+        "engine": shard.engine_name,
+        "dims": shard.engine_config.dims,
+        "shingle": shard.engine_config.shingle,
+        "gpu_paths": shard.gpu_paths,
+        "gpu_uuid": shard.gpu_uuid,
+        "rack_paths": shard.rack_paths,
+        "node_ids": shard.node_ids,
+        "open_alerts": [rec.to_bytes().decode() for rec in shard.open_alerts.values()],
+        "last_ts_ms": shard.last_ts_ms,
+        "steps": shard.steps,
+        "late": shard.rack_windows.late,
+    }
+    arrays["meta"] = np.frombuffer(orjson.dumps(meta), dtype=np.uint8)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def save_shard(state_dir: Path, partition: int, shard: DetectorShard,
+               offsets: dict[str, int]) -> Path:
+    """Write the checkpoint of one partition atomically; returns its path."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = checkpoint_path(state_dir, partition)
+    tmp = path.with_suffix(".tmp")
+    data = shard_bytes(shard, offsets)
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(state_dir, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def restore_shard(shard: DetectorShard, data: bytes) -> dict[str, int]:
+    """Load checkpoint ``data`` into a fresh ``shard``; returns the saved offsets."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        meta = orjson.loads(arrays["meta"].tobytes())
+    except (ValueError, KeyError, OSError, orjson.JSONDecodeError) as exc:
+        raise CheckpointError(f"checkpoint is corrupt: {exc}") from exc
+    if meta.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint version {meta.get('version')} != {FORMAT_VERSION}")
+    if meta["engine"] != shard.engine_name or meta["dims"] != shard.engine_config.dims:
+        raise CheckpointError(
+            f"checkpoint is for engine {meta['engine']} with {meta['dims']} features; this "
+            f"detector runs {shard.engine_name} with {shard.engine_config.dims}"
+        )
+    shard.gpu_paths = list(meta["gpu_paths"])
+    shard.gpu_uuid = list(meta["gpu_uuid"])
+    shard.gpu_ids = {p: i for i, p in enumerate(shard.gpu_paths)}
+    shard.rack_paths = list(meta["rack_paths"])
+    shard.rack_ids = {p: i for i, p in enumerate(shard.rack_paths)}
+    shard.node_ids = {str(k): int(v) for k, v in meta["node_ids"].items()}
+    shard.rack_of = np.array(arrays["rack_of"], dtype=np.int64)
+    shard.last_ts_ms = int(meta["last_ts_ms"])
+    shard.steps = int(meta["steps"])
+    n, r = len(shard.gpu_paths), len(shard.rack_paths)
+    shard.features.load_arrays(arrays, n)
+    shard.gpu_bank.load_arrays(arrays, "gpu", n)
+    shard.rules.load_arrays(arrays)
+    shard.rack_windows.load_arrays(arrays)
+    shard.rack_windows.late = int(meta["late"])
+    shard.rack_bank.load_arrays(arrays, "rack", r)
+    try:
+        _unblob(shard.gpu_bank.engine, arrays["gpu_blobs"], arrays["gpu_blob_ends"])
+        _unblob(shard.rack_bank.engine, arrays["rack_blobs"], arrays["rack_blob_ends"])
+    except ValueError as exc:
+        raise CheckpointError(f"model checkpoint rejected: {exc}") from exc
+    shard.open_alerts = {}
+    for raw in meta["open_alerts"]:
+        try:
+            rec = AlertRecord.from_bytes(raw.encode())
+        except DecodeError as exc:
+            raise CheckpointError(f"open alert in checkpoint: {exc}") from exc
+        shard.open_alerts[(rec.entity, rec.source)] = rec
+    return {str(k): int(v) for k, v in meta["offsets"].items()}
+
+
+def load_shard(state_dir: Path, partition: int, shard: DetectorShard) -> dict[str, int] | None:
+    """Restore ``shard`` from its partition's checkpoint; None when there is none."""
+    path = checkpoint_path(state_dir, partition)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return restore_shard(shard, data)

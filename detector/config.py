@@ -1,0 +1,197 @@
+"""The detector's settings: one frozen dataclass per concern, loaded from TOML + environment.
+
+Defaults are the values the detection benchmark (``benchmarks/detection.py``) was tuned
+with; ``config/detector.toml`` lists every field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from detector.episodes import EpisodeParams
+from detector.rules import RuleParams
+from detector.thresholds import ThresholdParams
+from fleetpulse.config import ConfigError, TransportConfig
+
+__all__ = [
+    "AlertConfig",
+    "DetectorConfig",
+    "ModelConfig",
+    "RackModelConfig",
+    "RulesConfig",
+    "WebhookConfig",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """The per-GPU forest and its threshold."""
+
+    engine: str = ""
+    """Forest engine name (``detector.engines.ENGINE_NAMES``); empty means the default."""
+    trees: int = 30
+    """Trees per forest."""
+    sample_size: int = 256
+    """Points kept per tree."""
+    shingle: int = 4
+    """Steps per shingled point."""
+    time_decay: float = 0.0
+    """Reservoir decay lambda; 0 means AWS's default 1 / (10 * sample_size)."""
+    seed: int = 7
+    """Seed of the forests' random cuts (each model derives its own)."""
+    z: float = 6.0
+    """Threshold = running score mean + z * running score std ..."""
+    floor: float = 1.6
+    """... but never below this score."""
+    horizon: int = 2000
+    """Steps of memory of the running score statistics."""
+    warmup: int = 600
+    """Cold start: scored steps before a model may alert."""
+    std_floor: float = 0.05
+    """Smallest standard deviation the threshold assumes."""
+
+    def threshold_params(self) -> ThresholdParams:
+        return ThresholdParams(z=self.z, floor=self.floor, horizon=self.horizon,
+                               warmup=self.warmup, std_floor=self.std_floor)
+
+    def validate(self) -> None:
+        if self.trees < 1 or self.sample_size < 8 or self.shingle < 1:
+            raise ConfigError("model: trees >= 1, sample_size >= 8 and shingle >= 1 required")
+        if not 0.0 <= self.time_decay < 1.0:
+            raise ConfigError(f"model.time_decay must be in [0, 1), got {self.time_decay}")
+        if self.z <= 0 or self.floor <= 0 or self.horizon < 10 or self.warmup < 0:
+            raise ConfigError("model: z > 0, floor > 0, horizon >= 10, warmup >= 0 required")
+
+
+@dataclass(frozen=True, slots=True)
+class RackModelConfig:
+    """The rack-level forest over rack aggregates."""
+
+    enabled: bool = True
+    """Run a forest per rack over rack means (cooling waves)."""
+    window_s: float = 10.0
+    """Event-time window of the rack aggregates."""
+    trees: int = 30
+    """Trees per rack forest."""
+    sample_size: int = 128
+    """Points kept per tree."""
+    shingle: int = 3
+    """Windows per shingled point."""
+    z: float = 6.0
+    """Threshold z factor (as for GPUs)."""
+    floor: float = 1.6
+    """Threshold floor."""
+    warmup: int = 90
+    """Cold start in windows."""
+    open_after: int = 2
+    """Consecutive anomalous windows that open a rack alert."""
+    resolve_after: int = 12
+    """Consecutive quiet windows that resolve it."""
+
+    def validate(self) -> None:
+        if self.window_s <= 0 or self.open_after < 1 or self.resolve_after < 1:
+            raise ConfigError("rack: window_s > 0, open_after >= 1, resolve_after >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class AlertConfig:
+    """Hysteresis of model alerts."""
+
+    open_after: int = 3
+    """Consecutive anomalous steps that open a GPU alert."""
+    resolve_after: int = 60
+    """Consecutive quiet steps that resolve it."""
+    cooldown_s: float = 900.0
+    """After a resolution, seconds before the same GPU may alert again (level shifts)."""
+    top_metrics: int = 3
+    """Attributed metrics listed in an alert."""
+
+    def episode_params(self) -> EpisodeParams:
+        return EpisodeParams(self.open_after, self.resolve_after, self.cooldown_s)
+
+    def validate(self) -> None:
+        if self.open_after < 1 or self.resolve_after < 1 or self.cooldown_s < 0:
+            raise ConfigError("alerts: open_after >= 1, resolve_after >= 1, cooldown_s >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class RulesConfig:
+    """Deterministic health rules (``detector.rules``)."""
+
+    stale_after_s: float = 15.0
+    """A GPU silent this long while its rack reports is lost."""
+    lost_open_after: int = 5
+    """All-NaN steps before a reporting GPU counts as lost."""
+    slowdown_open_after: int = 3
+    """Steps with a slowdown bit before the slowdown rules fire."""
+    event_hold_s: float = 600.0
+    """XID / DBE alerts stay open this long after the last occurrence."""
+    state_hold_s: float = 60.0
+    """State rules resolve after this long clear."""
+
+    def params(self) -> RuleParams:
+        return RuleParams(self.stale_after_s, self.slowdown_open_after, self.lost_open_after,
+                          self.event_hold_s, self.state_hold_s)
+
+    def validate(self) -> None:
+        if self.stale_after_s <= 0 or self.lost_open_after < 1 or self.slowdown_open_after < 1:
+            raise ConfigError("rules: stale_after_s > 0 and open counts >= 1 required")
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfig:
+    """Optional Alertmanager receiver."""
+
+    url: str = ""
+    """Alertmanager base URL (``http://host:9093``); alerts go to ``/api/v2/alerts``. Empty:
+    no webhook."""
+    timeout_s: float = 5.0
+    """Per-request timeout; a failed POST is logged and counted, never fatal."""
+    resend_s: float = 60.0
+    """Firing alerts are re-posted this often (Alertmanager expires silent ones)."""
+
+    def validate(self) -> None:
+        if self.url and not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"webhook.url must be http(s)://..., got {self.url!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorConfig:
+    """``fleetpulse detector``: consumer group over samples and events -> alerts."""
+
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    """Where the topics are."""
+    group_id: str = "fleetpulse-detector"
+    """Consumer group; instances with the same group share the racks."""
+    state_dir: Path = Path("detector-state")
+    """Checkpoints (models, thresholds, open alerts, consumed offsets), one file per
+    partition."""
+    checkpoint_interval_s: float = 60.0
+    """Seconds between periodic checkpoints (one is also written at shutdown)."""
+    partitions: int = 8
+    """Partitions to create for topics that do not exist yet."""
+    metrics_port: int = 0
+    """Port of the Prometheus /metrics endpoint; 0 picks a free one, -1 disables it."""
+    metrics_host: str = "127.0.0.1"
+    """Address the /metrics endpoint binds to."""
+    max_batch: int = 500
+    """Messages fetched per poll."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The per-GPU forests."""
+    rack: RackModelConfig = field(default_factory=RackModelConfig)
+    """The rack forests."""
+    alerts: AlertConfig = field(default_factory=AlertConfig)
+    """Hysteresis."""
+    rules: RulesConfig = field(default_factory=RulesConfig)
+    """Health rules."""
+    webhook: WebhookConfig = field(default_factory=WebhookConfig)
+    """Alertmanager."""
+
+    def validate(self) -> None:
+        if self.checkpoint_interval_s <= 0:
+            raise ConfigError("checkpoint_interval_s must be > 0")
+        if self.partitions < 1 or self.max_batch < 1:
+            raise ConfigError("partitions and max_batch must be >= 1")
+        if not -1 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be -1..65535, got {self.metrics_port}")

@@ -1,0 +1,101 @@
+"""Rack aggregates for the rack-level model, computed from the rack's own samples.
+
+A cooling failure warms every GPU of a rack a little; no single GPU looks wrong, but the
+rack's mean temperature residual does. Samples are keyed by rack, so a detector instance
+sees every node of the racks it owns and can aggregate them itself, without waiting for
+the aggregator's rollups.
+
+Per rack, GPU features are summed into event-time windows of ``window_s``. Nodes report
+with jitter, so two windows stay open: window ``w`` is emitted (as means) when the first
+sample of window ``w + 2`` arrives, and a sample older than both open windows is counted
+as late and dropped.
+
+Rack features (``RACK_FEATURES``): mean temperature, mean temperature residual, mean memory
+temperature, mean power fraction and mean utilisation (the GPU features' units), and the
+fraction of GPU-steps with a throttle bit.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["RACK_FEATURES", "RACK_SOURCE_COLUMNS", "RackWindows"]
+
+RACK_FEATURES: Final = (
+    "rack_temperature",
+    "rack_temp_residual",
+    "rack_memory_temperature",
+    "rack_power",
+    "rack_utilization",
+    "rack_throttling",
+)
+RACK_SOURCE_COLUMNS: Final = (0, 2, 1, 3, 4, 8)
+"""Columns of the GPU feature vector (``detector.features.FEATURES``) each rack feature
+averages; the last is turned into "any throttle bit" before averaging."""
+
+
+class RackWindows:
+    """Two open event-time windows per rack id; arrays grow with the racks."""
+
+    ARRAYS = ("win", "sums", "counts")
+
+    def __init__(self, window_s: float) -> None:
+        self.window_ms = int(window_s * 1000)
+        self.win = np.full((0, 2), -1, dtype=np.int64)
+        self.sums = np.zeros((0, 2, len(RACK_FEATURES)))
+        self.counts = np.zeros((0, 2))
+        self.late = 0
+
+    def ensure(self, n: int) -> None:
+        extra = n - len(self.win)
+        if extra > 0:
+            self.win = np.concatenate([self.win, np.full((extra, 2), -1, dtype=np.int64)])
+            self.sums = np.concatenate([self.sums, np.zeros((extra, 2, len(RACK_FEATURES)))])
+            self.counts = np.concatenate([self.counts, np.zeros((extra, 2))])
+
+    def add(
+        self, rack_ids: npt.NDArray[np.int64], feats: npt.NDArray[np.float32], ts_ms: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """Add one step of GPU features (rows of GPUs in racks ``rack_ids``).
+
+        Returns the windows this step closed: (rack ids, window start ms, mean features).
+        """
+        w = ts_ms // self.window_ms
+        slot = int(w % 2)
+        x = feats[:, list(RACK_SOURCE_COLUMNS)].astype(np.float64)
+        x[:, -1] = x[:, -1] > 0
+        racks, inv = np.unique(rack_ids, return_inverse=True)
+        sums = np.zeros((len(racks), x.shape[1]))
+        np.add.at(sums, inv, x)
+        counts = np.bincount(inv, minlength=len(racks)).astype(np.float64)
+
+        cur = self.win[racks, slot]
+        other = self.win[racks, 1 - slot]
+        late = (cur > w) | (other > w + 1)
+        if late.any():
+            self.late += int(counts[late].sum())
+        # A slot holding an older window closes it: window w-2 (or older) is complete.
+        closing = ~late & (cur >= 0) & (cur < w)
+        out_racks = racks[closing]
+        out_start = cur[closing] * self.window_ms
+        c = self.counts[out_racks, slot]
+        out_feats = (self.sums[out_racks, slot] / np.maximum(c, 1.0)[:, None]).astype(np.float32)
+        fresh = ~late & (cur != w)
+        self.win[racks[fresh], slot] = w
+        self.sums[racks[fresh], slot] = 0.0
+        self.counts[racks[fresh], slot] = 0.0
+        ok = ~late
+        self.sums[racks[ok], slot] += sums[ok]
+        self.counts[racks[ok], slot] += counts[ok]
+        keep = c > 0
+        return out_racks[keep], out_start[keep], out_feats[keep]
+
+    def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:
+        return {f"rack_windows.{k}": getattr(self, k).copy() for k in self.ARRAYS}
+
+    def load_arrays(self, arrays: dict[str, npt.NDArray[np.generic]]) -> None:
+        for k in self.ARRAYS:
+            setattr(self, k, np.array(arrays[f"rack_windows.{k}"], dtype=getattr(self, k).dtype))

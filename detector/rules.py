@@ -1,0 +1,204 @@
+"""Deterministic health rules, evaluated beside the forest on the same gathered metrics.
+
+Some signals need no learning: the driver already says the hardware is in trouble. Each rule
+is a per-GPU condition per step; an alert opens after the condition held ``open_after``
+consecutive steps and resolves once it has been false for ``hold_s`` seconds (an XID or a
+double-bit error is a moment, so it keeps its alert open a while; a slowdown bit is a state).
+
+=================  ========  ========================================================================
+rule               severity  condition
+=================  ========  ========================================================================
+xid                critical  an XID code in ``HARDWARE_XIDS`` (critical ones) was reported
+                   warning   (the other codes of ``HARDWARE_XIDS``)
+ecc_dbe            critical  the double-bit ECC counter (volatile or aggregate) increased
+row_remap_failure  critical  a row remap failed (the GPU needs service)
+thermal_slowdown   warning   a thermal slowdown clock-event bit (SW 0x20 or HW 0x40) is set
+hw_slowdown        warning   HW slowdown (0x08) or HW power brake (0x80) is set
+gpu_lost           critical  the GPU stopped reporting: every metric NaN, or no sample for
+                             ``stale_after_s`` while the rest of its rack reports (fell off the bus)
+=================  ========  ========================================================================
+
+All of it is vector operations over the GPUs of a step; the state is a few arrays per rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from detector.features import COL, THROTTLE_SW_THERMAL
+from schemas.records import Severity
+
+__all__ = ["CRITICAL_XIDS", "HARDWARE_XIDS", "RULES", "Rule", "RuleBook", "RuleParams"]
+
+HARDWARE_XIDS: Final = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140})
+"""XIDs that mean hardware (not application) trouble, from NVIDIA's XID catalogue:
+48 DBE, 61/62 internal micro-controller halt, 63/64 page retirement / row remapping
+(64: failure), 74 NVLink error, 79 fallen off the bus, 92 high single-bit ECC rate,
+94/95 contained / uncontained ECC error, 119/120 GSP errors, 140 unrecovered ECC error."""
+CRITICAL_XIDS: Final = frozenset({48, 64, 79, 95, 140})
+
+_XID_LOOKUP = np.zeros(256, dtype=np.int8)  # 0 none, 1 warning, 2 critical
+for _x in HARDWARE_XIDS:
+    _XID_LOOKUP[_x] = 2 if _x in CRITICAL_XIDS else 1
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    severity: Severity
+    open_after: int
+    hold_s: float
+    metric: str
+    summary: str
+
+
+@dataclass(frozen=True, slots=True)
+class RuleParams:
+    stale_after_s: float = 15.0
+    """Seconds without a sample (while the rack reports) before a GPU counts as lost."""
+    slowdown_open_after: int = 3
+    """Consecutive steps with a slowdown bit before the slowdown rules fire."""
+    lost_open_after: int = 5
+    """Consecutive all-NaN steps before a GPU that still sends frames counts as lost."""
+    event_hold_s: float = 600.0
+    """How long an XID / DBE alert stays open after the last occurrence."""
+    state_hold_s: float = 60.0
+    """How long a state rule (slowdown bits, remap failure, lost) must be clear to resolve."""
+
+
+def rules_for(p: RuleParams) -> tuple[Rule, ...]:
+    return (
+        Rule("xid", Severity.CRITICAL, 1, p.event_hold_s, "fleetpulse_gpu_xid",
+             "hardware XID reported"),
+        Rule("ecc_dbe", Severity.CRITICAL, 1, p.event_hold_s, "fleetpulse_gpu_ecc_dbe_volatile_total",
+             "uncorrectable (double-bit) ECC errors increased"),
+        Rule("row_remap_failure", Severity.CRITICAL, 1, p.state_hold_s,
+             "fleetpulse_gpu_row_remap_failure", "row remapping failed: the GPU needs service"),
+        Rule("thermal_slowdown", Severity.WARNING, p.slowdown_open_after, p.state_hold_s,
+             "fleetpulse_gpu_clock_event_reasons", "clocks slowed down for temperature"),
+        Rule("hw_slowdown", Severity.WARNING, p.slowdown_open_after, p.state_hold_s,
+             "fleetpulse_gpu_clock_event_reasons", "hardware slowdown / power brake asserted"),
+        Rule("gpu_lost", Severity.CRITICAL, p.lost_open_after, p.state_hold_s, "fleetpulse_gpu_xid",
+             "GPU stopped reporting (fallen off the bus?)"),
+    )
+
+
+RULES: Final = rules_for(RuleParams())
+LOST: Final = len(RULES) - 1
+
+
+class RuleBook:
+    """Rule state for models 0..n-1: consecutive-true runs, last time true, open episodes."""
+
+    ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms")
+
+    def __init__(self, params: RuleParams) -> None:
+        self.params = params
+        self.rules = rules_for(params)
+        r = len(self.rules)
+        self.run = np.zeros((0, r), dtype=np.int64)
+        self.last_true_ms = np.zeros((0, r), dtype=np.int64)
+        self.open = np.zeros((0, r), dtype=bool)
+        self.started_ms = np.zeros((0, r), dtype=np.int64)
+        self.value = np.zeros((0, r), dtype=np.float64)
+        self.last_seen_ms = np.zeros(0, dtype=np.int64)
+
+    def ensure(self, n: int) -> None:
+        extra = n - len(self.run)
+        if extra <= 0:
+            return
+        for k in self.ARRAYS:
+            arr = getattr(self, k)
+            pad = np.zeros((extra, *arr.shape[1:]), dtype=arr.dtype)
+            setattr(self, k, np.concatenate([arr, pad]))
+
+    def conditions(
+        self, row: npt.NDArray[np.float64], inc: npt.NDArray[np.float64],
+        valid: npt.NDArray[np.bool_],
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
+        """(G, R) condition matrix and a value per condition (the XID code, the count...)."""
+        g = row.shape[0]
+        cond = np.zeros((g, len(self.rules)), dtype=bool)
+        val = np.zeros((g, len(self.rules)))
+        xid = row[:, COL["xid"]]
+        xi = np.where(np.isfinite(xid) & (xid >= 0) & (xid < 256), xid, 0).astype(np.int64)
+        cond[:, 0] = _XID_LOOKUP[xi] > 0
+        val[:, 0] = xi
+        dbe = inc[:, 1] + inc[:, 6]
+        cond[:, 1] = dbe > 0
+        val[:, 1] = dbe
+        remap = row[:, COL["row_remap_failure"]]
+        cond[:, 2] = np.isfinite(remap) & (remap >= 1)
+        bits = row[:, COL["clock_event_reasons"]]
+        ib = np.where(np.isfinite(bits), bits, 0).astype(np.int64)
+        cond[:, 3] = (ib & (THROTTLE_SW_THERMAL | 0x40)) != 0
+        cond[:, 4] = (ib & (0x08 | 0x80)) != 0
+        val[:, 3] = val[:, 4] = ib
+        cond[:, LOST] = ~valid
+        return cond, val
+
+    def step(
+        self, ids: npt.NDArray[np.int64], cond: npt.NDArray[np.bool_],
+        val: npt.NDArray[np.float64], valid: npt.NDArray[np.bool_], ts_ms: int,
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Advance the rules of GPUs ``ids``; returns (opened, resolved) as (row, rule)."""
+        self.last_seen_ms[ids] = np.where(valid, ts_ms, self.last_seen_ms[ids])
+        return self._advance(ids, cond, val, ts_ms)
+
+    def check_stale(self, ids: npt.NDArray[np.int64], now_ms: int
+                    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Mark GPUs ``ids`` (of racks that still report) lost when silent too long."""
+        silent = (self.last_seen_ms[ids] > 0) & (
+            now_ms - self.last_seen_ms[ids] > self.params.stale_after_s * 1000
+        )
+        # Only the lost rule advances here; others keep their state.
+        cond = np.zeros((len(ids), len(self.rules)), dtype=bool)
+        cond[:, LOST] = silent
+        mask = np.zeros(len(self.rules), dtype=bool)
+        mask[LOST] = True
+        sel = silent | self.open[ids, LOST]
+        if not sel.any():
+            return [], []
+        rows = np.flatnonzero(sel)
+        opened, resolved = self._advance(ids[rows], cond[rows], np.zeros_like(cond[rows], float),
+                                         now_ms, only=mask, clear_ok=False)
+        return ([(int(rows[r]), k) for r, k in opened], [(int(rows[r]), k) for r, k in resolved])
+
+    def _advance(
+        self, ids: npt.NDArray[np.int64], cond: npt.NDArray[np.bool_],
+        val: npt.NDArray[np.float64], ts_ms: int,
+        only: npt.NDArray[np.bool_] | None = None, clear_ok: bool = True,
+    ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        run = np.where(cond, self.run[ids] + 1, 0)
+        last_true = np.where(cond, ts_ms, self.last_true_ms[ids])
+        was_open = self.open[ids]
+        open_after = np.array([r.open_after for r in self.rules])
+        hold_ms = np.array([int(r.hold_s * 1000) for r in self.rules])
+        opens = ~was_open & (run >= open_after)
+        resolves = was_open & ~cond & (ts_ms - last_true >= hold_ms) & clear_ok
+        if only is not None:
+            opens &= only
+            resolves &= only
+            keep = ~only
+            run = np.where(keep, self.run[ids], run)
+            last_true = np.where(keep, self.last_true_ms[ids], last_true)
+        self.run[ids] = run
+        self.last_true_ms[ids] = last_true
+        self.open[ids] = (was_open & ~resolves) | opens
+        self.started_ms[ids] = np.where(opens, ts_ms, self.started_ms[ids])
+        self.value[ids] = np.where(cond, val, self.value[ids])
+        o = np.argwhere(opens)
+        r = np.argwhere(resolves)
+        return ([(int(a), int(b)) for a, b in o], [(int(a), int(b)) for a, b in r])
+
+    def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:
+        return {f"rules.{k}": getattr(self, k).copy() for k in self.ARRAYS}
+
+    def load_arrays(self, arrays: dict[str, npt.NDArray[np.generic]]) -> None:
+        for k in self.ARRAYS:
+            cur = getattr(self, k)
+            setattr(self, k, np.array(arrays[f"rules.{k}"], dtype=cur.dtype))

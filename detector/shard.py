@@ -1,0 +1,313 @@
+"""One shard of the detector: every model, threshold and rule state of one samples partition.
+
+Samples are keyed by rack, so a partition holds whole racks; a shard is the unit that moves
+between detector instances on a rebalance and the unit of a checkpoint. Within a shard,
+GPUs and racks get dense model ids in the order they are first seen.
+
+``process`` takes a block of steps for many GPUs at once (one frame in the service, every
+GPU of the fleet in the benchmark and in ``backtest``) and runs, per step, as vector
+operations over the block's GPUs: features -> forest (score, then learn) -> adaptive
+threshold -> hysteresis, the health rules, and the rack windows -> rack forest.
+It returns alert transitions as :class:`schemas.records.AlertRecord`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from detector.config import DetectorConfig
+from detector.engines import EngineConfig, ScoreBatch, make_engine
+from detector.episodes import EpisodeParams
+from detector.features import COL, FEATURES, FeatureState
+from detector.model_bank import ModelBank
+from detector.rack_windows import RACK_FEATURES, RackWindows
+from detector.rules import RuleBook
+from detector.thresholds import ThresholdParams
+from schemas.records import AlertRecord, AlertState, Attribution, Severity
+
+__all__ = ["DetectorShard", "StepTrace", "alert_id"]
+
+
+def alert_id(entity: str, source: str, started_ms: int) -> str:
+    """Deterministic, so a replay after a crash recreates the same id."""
+    digest = hashlib.blake2b(f"{entity}|{source}|{started_ms}".encode(), digest_size=10)
+    return digest.hexdigest()
+
+
+@dataclass(slots=True)
+class StepTrace:
+    """Per-step outputs for offline use (backtest, benchmark): one row per GPU and step."""
+
+    scores: list[npt.NDArray[np.float64]] = field(default_factory=list)
+    thresholds: list[npt.NDArray[np.float64]] = field(default_factory=list)
+    open: list[npt.NDArray[np.bool_]] = field(default_factory=list)
+
+
+class DetectorShard:
+    """All detector state for one partition's racks."""
+
+    def __init__(self, config: DetectorConfig, engine_name: str | None = None) -> None:
+        from detector.engines import DEFAULT_ENGINE
+
+        self.config = config
+        mc = config.model
+        self.engine_name = engine_name or mc.engine or DEFAULT_ENGINE
+        self.engine_config = EngineConfig(
+            dims=len(FEATURES), shingle=mc.shingle, trees=mc.trees, sample_size=mc.sample_size,
+            time_decay=mc.time_decay or None, seed=mc.seed,
+        )
+        self.gpu_bank = ModelBank(make_engine(self.engine_name, self.engine_config),
+                                  mc.threshold_params(), config.alerts.episode_params())
+        self.features = FeatureState()
+        self.rules = RuleBook(config.rules.params())
+        rc = config.rack
+        self.rack_engine_config = EngineConfig(
+            dims=len(RACK_FEATURES), shingle=rc.shingle, trees=rc.trees,
+            sample_size=rc.sample_size, seed=mc.seed + 1,
+        )
+        self.rack_bank = ModelBank(
+            make_engine(self.engine_name, self.rack_engine_config),
+            ThresholdParams(z=rc.z, floor=rc.floor, horizon=mc.horizon, warmup=rc.warmup,
+                            std_floor=mc.std_floor),
+            EpisodeParams(rc.open_after, rc.resolve_after, config.alerts.cooldown_s))
+        self.rack_windows = RackWindows(rc.window_s)
+        # Registry: entity paths <-> dense ids.
+        self.gpu_ids: dict[str, int] = {}
+        self.gpu_paths: list[str] = []
+        self.gpu_uuid: list[str] = []
+        self.rack_ids: dict[str, int] = {}
+        self.rack_paths: list[str] = []
+        self.rack_of = np.zeros(0, dtype=np.int64)
+        self.node_ids: dict[str, int] = {}
+        # Open alerts by (entity, source): what a resolution must pair with.
+        self.open_alerts: dict[tuple[str, str], AlertRecord] = {}
+        self.last_ts_ms = 0
+        self.steps = 0
+
+    # -- registry ---------------------------------------------------------------------
+
+    def register(self, paths: list[str], rack_paths: list[str], node_paths: list[str],
+                 uuids: list[str] | None = None) -> tuple[npt.NDArray[np.int64],
+                                                          npt.NDArray[np.int64]]:
+        """Dense ids for GPU entity paths (new ones are created), and node group ids."""
+        ids = np.empty(len(paths), dtype=np.int64)
+        nodes = np.empty(len(paths), dtype=np.int64)
+        new_racks: list[int] = []
+        for i, path in enumerate(paths):
+            gid = self.gpu_ids.get(path)
+            if gid is None:
+                gid = len(self.gpu_paths)
+                self.gpu_ids[path] = gid
+                self.gpu_paths.append(path)
+                self.gpu_uuid.append(uuids[i] if uuids else "")
+                rid = self.rack_ids.get(rack_paths[i])
+                if rid is None:
+                    rid = len(self.rack_paths)
+                    self.rack_ids[rack_paths[i]] = rid
+                    self.rack_paths.append(rack_paths[i])
+                new_racks.append(rid)
+            ids[i] = gid
+            nodes[i] = self.node_ids.setdefault(node_paths[i], len(self.node_ids))
+        if new_racks:
+            self.rack_of = np.concatenate([self.rack_of, np.array(new_racks, dtype=np.int64)])
+            self._grow()
+        return ids, nodes
+
+    def _grow(self) -> None:
+        n = len(self.gpu_paths)
+        self.gpu_bank.ensure(n)
+        self.features.ensure(n)
+        self.rules.ensure(n)
+        r = len(self.rack_paths)
+        self.rack_bank.ensure(r)
+        self.rack_windows.ensure(r)
+
+    # -- processing -------------------------------------------------------------------
+
+    def process(
+        self,
+        ids: npt.NDArray[np.int64],
+        nodes: npt.NDArray[np.int64],
+        ts_ms: npt.NDArray[np.int64],
+        gathered: npt.NDArray[np.float64],
+        trace: StepTrace | None = None,
+    ) -> list[AlertRecord]:
+        """Run steps ``ts_ms`` (T,) of gathered metrics (T, G, K) for GPUs ``ids``."""
+        out: list[AlertRecord] = []
+        rack_rows = self.rack_of[ids]
+        for t in range(len(ts_ms)):
+            out.extend(self._step(ids, nodes, int(ts_ms[t]), gathered[t], rack_rows, trace))
+        if len(ts_ms):
+            out.extend(self._check_stale(rack_rows, int(ts_ms[-1])))
+        return out
+
+    def _step(
+        self, ids: npt.NDArray[np.int64], nodes: npt.NDArray[np.int64], ts: int,
+        row: npt.NDArray[np.float64], rack_rows: npt.NDArray[np.int64],
+        trace: StepTrace | None,
+    ) -> list[AlertRecord]:
+        self.last_ts_ms = max(self.last_ts_ms, ts)
+        self.steps += 1
+        out: list[AlertRecord] = []
+        valid = np.isfinite(row).any(axis=1)
+        feats, inc = self.features.step(ids, row, nodes)
+
+        # Forest -> threshold -> hysteresis, for the GPUs that reported.
+        vi = np.flatnonzero(valid)
+        vids = ids[vi]
+        res = self.gpu_bank.step(vids, feats[vi], ts)
+        batch, thr = res.batch, res.thresholds
+        for r in res.opened:
+            out.append(self._open_model_alert(int(vids[r]), ts, batch, int(r), thr[r], row[vi[r]]))
+        for r in res.resolved:
+            out.append(self._resolve(self.gpu_paths[int(vids[r])], self._model_source(), ts,
+                                     float(batch.scores[r])))
+        if trace is not None:
+            s = np.zeros(len(ids))
+            th = np.zeros(len(ids))
+            s[vi] = batch.scores
+            th[vi] = thr
+            trace.scores.append(s)
+            trace.thresholds.append(th)
+            trace.open.append(self.gpu_bank.episodes.open[ids] | self.rules.open[ids].any(axis=1))
+
+        # Health rules.
+        cond, val = self.rules.conditions(row, inc, valid)
+        r_open, r_res = self.rules.step(ids, cond, val, valid, ts)
+        for r, k in r_open:
+            out.append(self._open_rule_alert(int(ids[r]), k, ts, row[r]))
+        for r, k in r_res:
+            out.append(self._resolve(self.gpu_paths[int(ids[r])],
+                                     f"rule:{self.rules.rules[k].name}", ts, 0.0))
+
+        # Rack windows -> rack forest.
+        if self.config.rack.enabled and len(vi):
+            racks, starts, means = self.rack_windows.add(rack_rows[vi], feats[vi], ts)
+            if len(racks):
+                out.extend(self._rack_step(racks, starts, means))
+        return out
+
+    def _rack_step(self, racks: npt.NDArray[np.int64], starts: npt.NDArray[np.int64],
+                   means: npt.NDArray[np.float32]) -> list[AlertRecord]:
+        out: list[AlertRecord] = []
+        end = starts + self.rack_windows.window_ms
+        res = self.rack_bank.step(racks, means, end)
+        batch, thr, opened, resolved = res.batch, res.thresholds, res.opened, res.resolved
+        src = f"model:{self.engine_name}:rack"
+        for r in opened:
+            path = self.rack_paths[int(racks[r])]
+            attrib = self._attribution(batch, int(r), RACK_FEATURES)
+            out.append(self._fire(
+                path, "rack", src, Severity.WARNING,
+                "rack behaves unlike its history: " + _describe(attrib),
+                float(batch.scores[r]), float(thr[r]), int(end[r]), attrib,
+                {"window_s": self.config.rack.window_s,
+                 "means": {n: round(float(v), 3) for n, v in zip(RACK_FEATURES, means[r],
+                                                                 strict=True)}}))
+        for r in resolved:
+            out.append(self._resolve(self.rack_paths[int(racks[r])], src, int(end[r]),
+                                     float(batch.scores[r])))
+        return out
+
+    def _check_stale(self, rack_rows: npt.NDArray[np.int64], now: int) -> list[AlertRecord]:
+        racks = np.unique(rack_rows)
+        members = np.flatnonzero(np.isin(self.rack_of, racks))
+        opened, _ = self.rules.check_stale(members, now)
+        out = []
+        for r, k in opened:
+            gid = int(members[r])
+            out.append(self._open_rule_alert(gid, k, now, None))
+        return out
+
+    # -- alert records -----------------------------------------------------------------
+
+    def _model_source(self) -> str:
+        return f"model:{self.engine_name}"
+
+    def _attribution(self, batch: ScoreBatch, r: int, names: tuple[str, ...] | list[str]
+                     ) -> tuple[Attribution, ...]:
+        w = batch.attribution[r]
+        total = float(w.sum())
+        if total <= 0:
+            return ()
+        top = np.argsort(-w)[: self.config.alerts.top_metrics]
+        return tuple(
+            Attribution(metric=names[i], direction="high" if batch.direction[r, i] >= 0 else "low",
+                        weight=round(float(w[i] / total), 4))
+            for i in top if w[i] > 0
+        )
+
+    def _open_model_alert(self, gid: int, ts: int, batch: ScoreBatch, r: int, thr: float,
+                          raw: npt.NDArray[np.float64]) -> AlertRecord:
+        attrib = self._attribution(batch, r, [f.metric for f in FEATURES])
+        score = float(batch.scores[r])
+        severity = Severity.CRITICAL if score >= 2 * thr else Severity.WARNING
+        util = raw[COL["utilization_ratio"]]
+        context: dict[str, Any] = {
+            "uuid": self.gpu_uuid[gid],
+            "utilization_state": "unknown" if not np.isfinite(util)
+            else ("busy" if util >= 0.3 else "idle"),
+            "features": [FEATURES[i].name for i in np.argsort(-batch.attribution[r])[:3]],
+            "values": {k: float(raw[COL[k]]) for k in ("temperature_celsius",
+                       "power_usage_watts", "utilization_ratio", "sm_clock_hertz")
+                       if np.isfinite(raw[COL[k]])},
+        }
+        return self._fire(self.gpu_paths[gid], "gpu", self._model_source(), severity,
+                          "GPU behaves unlike its history: " + _describe(attrib), score, thr,
+                          ts, attrib, context)
+
+    def _open_rule_alert(self, gid: int, k: int, ts: int,
+                         raw: npt.NDArray[np.float64] | None) -> AlertRecord:
+        rule = self.rules.rules[k]
+        value = float(self.rules.value[gid, k])
+        severity = rule.severity
+        context: dict[str, Any] = {"uuid": self.gpu_uuid[gid], "value": value}
+        summary = rule.summary
+        if rule.name == "xid":
+            from detector.rules import CRITICAL_XIDS
+
+            summary = f"XID {int(value)}: {rule.summary}"
+            severity = Severity.CRITICAL if int(value) in CRITICAL_XIDS else Severity.WARNING
+        if raw is not None and rule.name in ("thermal_slowdown", "hw_slowdown"):
+            context["temperature_celsius"] = float(raw[COL["temperature_celsius"]])
+        attrib = (Attribution(rule.metric, "high", 1.0),)
+        return self._fire(self.gpu_paths[gid], "gpu", f"rule:{rule.name}", severity, summary,
+                          1.0, 1.0, ts, attrib, context)
+
+    def _fire(self, entity: str, level: str, source: str, severity: Severity, summary: str,
+              score: float, thr: float, ts: int, attrib: tuple[Attribution, ...],
+              context: dict[str, Any]) -> AlertRecord:
+        rec = AlertRecord(
+            id=alert_id(entity, source, ts), entity=entity, level=level,
+            state=AlertState.FIRING, severity=severity, source=source, summary=summary,
+            score=round(score, 4), threshold=round(thr, 4), started_ms=ts, updated_ms=ts,
+            attribution=attrib, context=context,
+        )
+        self.open_alerts[(entity, source)] = rec
+        return rec
+
+    def _resolve(self, entity: str, source: str, ts: int, score: float) -> AlertRecord:
+        opened = self.open_alerts.pop((entity, source), None)
+        if opened is None:  # state restored without its record: still say it resolved
+            opened = AlertRecord(
+                id=alert_id(entity, source, ts), entity=entity,
+                level="rack" if entity.count("/") == 2 else "gpu", state=AlertState.FIRING,
+                severity=Severity.WARNING, source=source, summary="", score=score,
+                threshold=0.0, started_ms=ts, updated_ms=ts)
+        return AlertRecord(
+            id=opened.id, entity=entity, level=opened.level, state=AlertState.RESOLVED,
+            severity=opened.severity, source=source, summary=opened.summary,
+            score=round(score, 4), threshold=opened.threshold, started_ms=opened.started_ms,
+            updated_ms=ts, attribution=opened.attribution, context=opened.context,
+        )
+
+
+def _describe(attrib: tuple[Attribution, ...]) -> str:
+    if not attrib:
+        return "no single metric stands out"
+    return ", ".join(f"{a.metric.removeprefix('fleetpulse_gpu_')} {a.direction}" for a in attrib)
