@@ -306,14 +306,16 @@ def _progress_line(
     k: int,
     total: float,
 ) -> tuple[float, int, int, int]:
-    t_prev, frames_prev, metrics_prev, acks_prev = last
-    dt = max(now - t_prev, 1e-9)
+    # Rates since the start: frames leave in bursts every ticks_per_frame ticks, so a
+    # per-interval rate would swing between zero and a multiple of the real one.
+    _, _, _, acks_prev = last
+    dt = max(time.monotonic() - stats.started, 1e-9)
     lat = timer.recent(acks_prev)
     p50, p99 = _pct(lat, 50), _pct(lat, 99)
     of = "" if math.isinf(total) else f"/{int(total)}"
     out.write(
-        f"\rfleet tick {k}{of} | {(stats.metrics - metrics_prev) / dt:,.0f} metrics/s | "
-        f"{(stats.frames - frames_prev) / dt:,.0f} frames/s | ack p50 {p50} ms p99 {p99} ms | "
+        f"\rfleet tick {k}{of} | {stats.metrics / dt:,.0f} metrics/s | "
+        f"{stats.frames / dt:,.0f} frames/s | ack p50 {p50} ms p99 {p99} ms | "
         f"in flight {publisher.stats.in_flight} | behind {stats.behind_s_max:.2f} s | "
         f"lost {publisher.stats.lost_frames}   "
     )

@@ -31,7 +31,7 @@ from fleetpulse.config import ConfigError, load_config
 __all__ = ["register", "run"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "fleet",
         help="synthetic GPU fleet: publish live to Kafka (load test) or export to .npz",
