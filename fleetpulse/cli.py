@@ -18,6 +18,7 @@ from fleetpulse import __version__
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 COMMANDS: Final[tuple[str, ...]] = (
+    "agent",
     "fleet",
 )
 
