@@ -106,6 +106,9 @@ class Gathered:
     """Shape ``(len(gpus), len(metric_ids) + len(extra))``; NaN = not sampled."""
     events: tuple[SourceEvent, ...] = ()
     """Events since the previous gather (XID, ECC, GPU lost, inventory)."""
+    native: tuple[str, ...] = ()
+    """Optional: the source's own name for each column (the ``DCGM_FI_*`` field a value
+    came from), for ``fleetpulse agent --once --print``; empty when not meaningful."""
 
     def __post_init__(self) -> None:
         g, m = self.values.shape
@@ -152,6 +155,13 @@ class Source(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release what ``start`` opened; must be safe to call twice."""
+
+    def error_counts(self) -> Mapping[str, int]:
+        """Errors so far by kind (``not_supported``, ``gpu_is_lost``, ``scrape``, ...).
+
+        Read by the agent's /metrics at scrape time; a plain dict of ints is enough.
+        """
+        return {}
 
 
 SourceFactory = Callable[[SourceContext], Source]

@@ -82,6 +82,12 @@ class DcgmSource(Source):
     def describe(self) -> str:
         return f"dcgm-exporter metrics scraped from {self.url}"
 
+    def error_counts(self) -> dict[str, int]:
+        st = self.stats
+        return {"scrape": st.scrape_errors, "invalid_line": st.invalid_lines,
+                "sentinel": st.sentinels, "unattributed": st.unattributed,
+                "duplicate": st.duplicates}
+
     async def start(self) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(
@@ -136,7 +142,8 @@ class DcgmSource(Source):
         else:
             self._layout = (ids, extra, gpus, uuids)
         return Gathered(ts_ms=ts_ms, metric_ids=ids, extra=extra, gpus=gpus, uuids=uuids,
-                        values=scrape.values, events=self._events(scrape, ts_ms))
+                        values=scrape.values, events=self._events(scrape, ts_ms),
+                        native=scrape.fields)
 
     def _events(self, scrape: DcgmScrape, ts_ms: int) -> tuple[SourceEvent, ...]:
         events: list[SourceEvent] = []
