@@ -1,0 +1,72 @@
+"""The aggregator's settings (``config/aggregator.toml``, env ``FLEETPULSE_AGGREGATOR_*``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetpulse.config import ConfigError, TransportConfig
+
+__all__ = ["AggregatorConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class AggregatorConfig:
+    """One aggregator instance: rack stage, row/cluster stage, store and query API."""
+
+    transport: TransportConfig = field(default_factory=TransportConfig)
+    """How to reach Kafka (or the embedded broker)."""
+    data_dir: str = "data/aggregator"
+    """Store, entity index and (by default) checkpoints live here."""
+    state_dir: str = ""
+    """Checkpoints; empty = ``<data_dir>/state``. Share it between the instances of one
+    consumer group so a partition's checkpoint follows it across a rebalance."""
+    listen: str = "127.0.0.1:9464"
+    """host:port of the query API and /metrics (127.0.0.1 unless you mean otherwise)."""
+    group_id: str = "fleetpulse-aggregator"
+    """Consumer group of the rack stage; the row stage uses ``<group_id>-rows``."""
+    lateness_ms: int = 20_000
+    """A window closes when its partition's watermark passes its end by this much."""
+    row_lateness_ms: int = 30_000
+    """Same for the row/cluster stage, over rack rollup windows."""
+    commit_interval_ms: int = 2_000
+    """How often to flush the store, checkpoint and commit offsets."""
+    max_batch: int = 2_000
+    """Messages per poll."""
+    samples_partitions: int = 8
+    """Partitions to create for the samples topic when it does not exist."""
+    rollups_partitions: int = 4
+    raw: bool = True
+    """Keep raw samples (the raw tier) besides the rollups."""
+    row_stage: bool = True
+    """Run the row/cluster stage in this process too."""
+    fsync: bool = True
+    """fsync at every flush; off only for throwaway benchmarks."""
+    bearer_token: str = ""
+    """If set, the query API requires ``Authorization: Bearer <token>``."""
+    max_points_per_series: int = 11_000
+    """Like Prometheus: a range query asking for more points per series is a 400."""
+    max_series: int = 50_000
+    """Most series one query may select."""
+    lookback_ms: int = 300_000
+    """Instant queries take the newest window within this much before the query time."""
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir) if self.state_dir else Path(self.data_dir) / "state"
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host or "127.0.0.1", int(port)
+
+    def validate(self) -> None:
+        if self.lateness_ms < 0 or self.row_lateness_ms < 0:
+            raise ConfigError("lateness must not be negative")
+        if self.commit_interval_ms < 10 or self.max_batch < 1:
+            raise ConfigError("commit_interval_ms >= 10 and max_batch >= 1")
+        host, _, port = self.listen.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ConfigError(f"listen must be host:port, got {self.listen!r}")
+        if self.max_points_per_series < 1 or self.max_series < 1:
+            raise ConfigError("query limits must be positive")

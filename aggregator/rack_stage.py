@@ -1,0 +1,458 @@
+"""The rack-level stage: sample frames -> GPU, node and rack windows -> store + rollups.
+
+Synchronous core, no I/O besides the store: :meth:`RackStage.process` takes a batch of
+consumed messages and returns what to dead-letter and which rack rollups to publish; the
+service (:mod:`aggregator.service`) does the Kafka side. That keeps the hot path testable
+and benchmarkable without a broker.
+
+Per partition (samples are keyed by rack, so a rack lives in one partition):
+
+- the watermark is the newest sample timestamp seen; a tick is accepted iff its window
+  ``[s, s + W)`` satisfies ``s + W + lateness > watermark``, else its samples are late:
+  counted, never silently dropped; windows close in start order once that stops holding;
+- frames are de-duplicated by (agent, seq) (:mod:`aggregator.dedup`);
+- the resume offset is the first message that still feeds an open window; the service
+  commits it after :meth:`checkpoint` made the store durable (Kafka is the write-ahead log).
+
+Raw samples go to the ``raw`` tier as they arrive (one append per frame, the frame's own
+ticks x GPUs x metrics group). At close a window's GPU arrays reduce to nodes and racks in
+name order and every level is written to the ``10s`` tier; coarser tiers are derived from
+the tier below (:mod:`aggregator.tiers`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from aggregator.checkpoint import PartitionCheckpoint
+from aggregator.dedup import SeqDeduper
+from aggregator.level_writer import GroupSpec, LevelArrays, build_groups, write_groups
+from aggregator.series_index import EntityIndex
+from aggregator.series_layout import AGG_CODES, AGG_SLOTS, ENTITY_STRIDE, KIND_OF_COLUMN, N_COLUMNS
+from aggregator.sketch import N_SLOTS, RELATIVE_ACCURACY
+from aggregator.store import SeriesStore
+from aggregator.tiers import derive_tiers
+from aggregator.topology import Topology
+from aggregator.window_kernel import accumulate, apply_counter_boundary, reduce_rows
+from fleetpulse.transport.base import Message
+from schemas.catalog import Kind
+from schemas.errors import DecodeError
+from schemas.frame import decode_frame
+from schemas.rollup import RollupFrame
+
+__all__ = ["BASE_TIER", "RackStage", "StageStats"]
+
+BASE_TIER: Final = "10s"
+WINDOW_MS: Final = 10_000
+_NEG_INF: Final = -(1 << 62)
+_GAUGE = np.asarray([k is Kind.GAUGE for k in KIND_OF_COLUMN], bool)
+_COUNTER = np.asarray([k is Kind.COUNTER for k in KIND_OF_COLUMN], bool)
+_ARRAYS: Final = ("cnt", "sum", "min", "max", "last", "sumsq", "first", "inc")
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(slots=True)
+class StageStats:
+    """Counters exported on /metrics."""
+
+    frames: int = 0
+    metrics: int = 0
+    duplicates: int = 0
+    late_samples: int = 0
+    decode_errors: int = 0
+    windows_closed: int = 0
+    replayed: int = 0
+
+
+@dataclass(slots=True)
+class _Part:
+    watermark: int = _NEG_INF
+    open: dict[int, int] = field(default_factory=dict)
+    """window start -> first offset feeding it."""
+    position: int = 0
+    raw_through: int = 0
+    dedup: SeqDeduper = field(default_factory=SeqDeduper)
+    done: dict[str, int] = field(default_factory=dict)
+    pending_counters: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def resume(self) -> int:
+        return min(self.open.values(), default=self.position)
+
+
+class _Pool:
+    """Dense window arrays ``[pool slot, gpu slot, column]`` and which window holds a slot."""
+
+    def __init__(self) -> None:
+        self.cap_gpus = 64
+        self.n_slots = 4
+        self.arr: dict[str, np.ndarray] = {}
+        self.last_ts = np.zeros(0, np.int64)
+        self._alloc(self.n_slots, self.cap_gpus)
+        self.slot_of: dict[int, int] = {}
+        self.free = list(range(self.n_slots))[::-1]
+        self.codes: dict[int, list[I64]] = {}
+
+    def _alloc(self, n_slots: int, cap: int) -> None:
+        old, old_ts = self.arr, self.last_ts
+        self.arr = {k: np.zeros((n_slots, cap, N_COLUMNS)) for k in _ARRAYS}
+        self.last_ts = np.zeros((n_slots, cap, N_COLUMNS), np.int64)
+        if old:
+            s, c = old["cnt"].shape[:2]
+            for k in _ARRAYS:
+                self.arr[k][:s, :c] = old[k]
+            self.last_ts[:s, :c] = old_ts
+
+    def ensure_gpus(self, n: int) -> None:
+        if n > self.cap_gpus:
+            while self.cap_gpus < n:
+                self.cap_gpus *= 2
+            self._alloc(self.n_slots, self.cap_gpus)
+
+    def slot(self, start: int) -> int:
+        s = self.slot_of.get(start)
+        if s is None:
+            if not self.free:
+                self.free = list(range(self.n_slots, 2 * self.n_slots))[::-1]
+                self.n_slots *= 2
+                self._alloc(self.n_slots, self.cap_gpus)
+            s = self.slot_of[start] = self.free.pop()
+            self.codes[s] = []
+        return s
+
+    def release(self, start: int) -> None:
+        s = self.slot_of.pop(start)
+        self.arr["cnt"][s] = 0.0
+        self.codes.pop(s, None)
+        self.free.append(s)
+
+
+class RackStage:
+    """GPU -> node -> rack rollups for the partitions this instance owns."""
+
+    def __init__(self, store: SeriesStore, index: EntityIndex, *, topic: str,
+                 lateness_ms: int = 20_000, raw: bool = True) -> None:
+        self.store = store
+        self.index = index
+        self.topic = topic
+        self.lateness = lateness_ms
+        self.raw = raw
+        self.topo = Topology(index)
+        self.pool = _Pool()
+        self.parts: dict[int, _Part] = {}
+        self.stats = StageStats()
+        self.closed_last = np.full((64, N_COLUMNS), np.nan)
+        self._mcols: dict[bytes, np.ndarray] = {}
+        self._raw_sids: dict[tuple[bytes, bytes], I64] = {}
+        self._noted: set[tuple[bytes, bytes]] = set()
+        self._groups: dict[int, tuple[int, list[GroupSpec], I64]] = {}
+
+    # ------------------------------------------------------------- partitions
+    def assign(self, partition: int, ckpt: PartitionCheckpoint | None) -> int:
+        """Take a partition; returns the offset to read from (None -> committed)."""
+        part = _Part()
+        if ckpt is not None:
+            part.watermark = ckpt.watermark
+            part.position = ckpt.resume_offset
+            part.raw_through = ckpt.position
+            part.dedup = SeqDeduper.from_json(ckpt.dedup)
+            part.done = dict(ckpt.downsampled)
+            part.pending_counters = ckpt.counters
+        self.parts[partition] = part
+        return part.position
+
+    def revoke(self, partition: int) -> None:
+        """Forget a partition (after its checkpoint); its open windows are rebuilt elsewhere."""
+        part = self.parts.pop(partition, None)
+        if part is None:
+            return
+        lay = self.topo.layout(partition)
+        if self.closed_last.shape[0] > (lay.gslots.max() if lay.gslots.size else -1):
+            self.closed_last[lay.gslots] = np.nan
+        for start in list(part.open):
+            s = self.pool.slot_of[start]
+            self.pool.arr["cnt"][s, lay.gslots] = 0.0
+            self._sketches(s, lay.rack_slots)  # drops this partition's pending codes
+            if not any(start in p.open for p in self.parts.values()):
+                self.pool.release(start)
+
+    # ------------------------------------------------------------- hot path
+    def _columns(self, metric_ids: np.ndarray, n_extra: int) -> np.ndarray:
+        key = metric_ids.tobytes() + n_extra.to_bytes(2, "little")
+        cols = self._mcols.get(key)
+        if cols is None:
+            cols = np.concatenate([metric_ids.astype(np.int32), np.full(n_extra, -1, np.int32)])
+            cols[cols >= N_COLUMNS] = -1
+            self._mcols[key] = cols
+        return cols
+
+    def process(self, msgs: list[Message]) -> tuple[list[tuple[Message, str]], list[RollupFrame]]:
+        """Fold a batch into the windows, close what is due; (dead letters, rollups)."""
+        dead: list[tuple[Message, str]] = []
+        vals: list[np.ndarray] = []
+        ticks_pool: list[int] = []
+        ticks_ts: list[np.ndarray] = []
+        n_ticks: list[int] = []
+        gsl: list[np.ndarray] = []
+        mcl: list[np.ndarray] = []
+        touched: set[int] = set()
+        width, late = WINDOW_MS, self.lateness
+        for msg in msgs:
+            part = self.parts.get(msg.partition)
+            if part is None:
+                part = self.parts[msg.partition] = _Part(position=msg.offset)
+            if msg.offset < part.position:
+                continue  # redelivered after a seek; already folded in
+            part.position = msg.offset + 1
+            try:
+                fr = decode_frame(msg.value)
+            except DecodeError as exc:
+                self.stats.decode_errors += 1
+                dead.append((msg, f"sample frame: {exc}"))
+                continue
+            if part.dedup.is_duplicate(fr.agent, fr.seq, msg.offset):
+                self.stats.duplicates += 1
+                continue
+            t = fr.ts.size
+            if t == 0 or fr.values.size == 0:
+                continue
+            if msg.offset < part.raw_through:
+                self.stats.replayed += 1
+            gslots = self.topo.gslots_for(fr.identity, fr.gpus, msg.partition)
+            cols = self._columns(fr.metric_ids, len(fr.extra))
+            if len(self.topo.gpu_key) > self.pool.cap_gpus:
+                self.pool.ensure_gpus(len(self.topo.gpu_key))
+            ts_list = fr.ts.tolist()
+            wm = max(part.watermark, ts_list[-1])
+            part.watermark = wm
+            limit = wm - width - late
+            touched.add(msg.partition)
+            noted = (gslots.tobytes(), cols.tobytes())
+            if noted not in self._noted:
+                self._noted.add(noted)
+                self.topo.note_metrics(gslots, cols)
+            for i, tsv in enumerate(ts_list):
+                start = tsv - tsv % width
+                if start > limit:
+                    ticks_pool.append(self.pool.slot(start))
+                    part.open.setdefault(start, msg.offset)
+                else:
+                    ticks_pool.append(-1)
+                    self.stats.late_samples += int(np.count_nonzero(~np.isnan(fr.values[i])))
+            if self.raw and msg.offset >= part.raw_through:
+                self._write_raw(fr.metric_ids, gslots, fr.ts, fr.values, cols)
+            vals.append(fr.values.reshape(-1))
+            ticks_ts.append(fr.ts)
+            n_ticks.append(t)
+            gsl.append(gslots)
+            mcl.append(cols)
+            self.stats.frames += 1
+            self.stats.metrics += fr.values.size
+        if vals:
+            self._fold(vals, ticks_pool, ticks_ts, n_ticks, gsl, mcl)
+        rollups: list[RollupFrame] = []
+        for p in sorted(touched):
+            rollups.extend(self._close_due(p))
+        return dead, rollups
+
+    def _write_raw(self, metric_ids: np.ndarray, gslots: np.ndarray, ts: np.ndarray,
+                   values: np.ndarray, cols: np.ndarray) -> None:
+        key = (gslots.tobytes(), cols.tobytes())
+        sids = self._raw_sids.get(key)
+        mc = metric_ids.size
+        if sids is None:
+            eids = np.asarray([self.topo.gpu_eid[s] for s in gslots.tolist()], np.int64)
+            sids = (eids[:, None] * ENTITY_STRIDE + metric_ids.astype(np.int64)[None, :]
+                    * AGG_SLOTS + AGG_CODES["raw"]).reshape(-1)
+            self._raw_sids[key] = sids
+        t, g, m = values.shape
+        block = values.reshape(t, g * m) if m == mc else values[:, :, :mc].reshape(t, g * mc)
+        self.store.append("raw", sids, ts, block)
+
+    def _fold(self, vals: list[np.ndarray], ticks_pool: list[int], ticks_ts: list[np.ndarray],
+              n_ticks: list[int], gsl: list[np.ndarray], mcl: list[np.ndarray]) -> None:
+        v = np.concatenate(vals)
+        v_off = np.zeros(len(vals) + 1, np.int64)
+        np.cumsum([a.size for a in vals], out=v_off[1:])
+        t_off = np.zeros(len(vals) + 1, np.int64)
+        np.cumsum(n_ticks, out=t_off[1:])
+        g_off = np.zeros(len(vals) + 1, np.int64)
+        np.cumsum([a.size for a in gsl], out=g_off[1:])
+        m_off = np.zeros(len(vals) + 1, np.int64)
+        np.cumsum([a.size for a in mcl], out=m_off[1:])
+        pool = self.pool
+        n_racks = max(self.topo.n_racks, 1)
+        codes = np.empty(v.size, np.int64)
+        a = pool.arr
+        n = accumulate(v, v_off, t_off, np.asarray(ticks_pool, np.int32),
+                       np.concatenate(ticks_ts), g_off, np.concatenate(gsl), m_off,
+                       np.concatenate(mcl), a["cnt"], a["sum"], a["min"], a["max"], a["last"],
+                       pool.last_ts, a["sumsq"], a["first"], a["inc"], _GAUGE,
+                       self.topo.rack_of_gslot, n_racks, codes)
+        if n:
+            codes = codes[:n]
+            per_pool = n_racks * N_COLUMNS * N_SLOTS
+            slots = codes // per_pool
+            rest = codes % per_pool
+            for s in np.unique(slots).tolist():
+                pool.codes[s].append(rest[slots == s])
+
+    # ------------------------------------------------------------- closing
+    def _layout_groups(self, partition: int) -> tuple[list[GroupSpec], I64]:
+        """Group specs for the gpu, node and rack levels + the rack sketch series ids."""
+        cached = self._groups.get(partition)
+        if cached is not None and cached[0] == self.topo.version:
+            return cached[1], cached[2]
+        lay = self.topo.layout(partition)
+        gpu_groups, node_groups, rack_groups = [], [], []
+        sketch: list[I64] = []
+        node_of_gpu = lay.gpu_node
+        for ri, r in enumerate(lay.rack_slots.tolist()):
+            cols = np.flatnonzero(self.topo.rack_metrics[r])
+            nodes = np.flatnonzero(lay.node_rack == ri)
+            gpus = np.flatnonzero(np.isin(node_of_gpu, nodes))
+            gpu_groups.append((gpus, lay.gpu_eids[gpus], cols))
+            node_groups.append((nodes, lay.node_eids[nodes], cols))
+            rack_groups.append((np.asarray([ri]), lay.rack_eids[ri:ri + 1], cols))
+            gcols = cols[_GAUGE[cols]]
+            sketch.append(int(lay.rack_eids[ri]) * ENTITY_STRIDE + gcols * AGG_SLOTS
+                          + AGG_CODES["sketch"])
+        specs = [build_groups(gpu_groups), build_groups(node_groups), build_groups(rack_groups)]
+        sk = np.concatenate(sketch).astype(np.int64) if sketch else np.zeros(0, np.int64)
+        self._groups[partition] = (self.topo.version, specs, sk)
+        return specs, sk
+
+    def _restore_counters(self, part: _Part, partition: int) -> None:
+        """Checkpointed counter state -> closed_last rows (after the layout is known)."""
+        if not part.pending_counters:
+            return
+        lay = self.topo.layout(partition)
+        for row, path in zip(lay.gslots.tolist(), lay.gpu_paths, strict=True):
+            saved = part.pending_counters.pop(path, None)
+            if saved:
+                for col, value in saved.items():
+                    self.closed_last[row, int(col)] = value
+
+    def _close_due(self, partition: int) -> list[RollupFrame]:
+        part = self.parts[partition]
+        limit = part.watermark - WINDOW_MS - self.lateness
+        out: list[RollupFrame] = []
+        due = sorted(s for s in part.open if s <= limit)
+        if not due:
+            return out
+        if self.closed_last.shape[0] < self.pool.cap_gpus:
+            grown = np.full((self.pool.cap_gpus, N_COLUMNS), np.nan)
+            grown[: self.closed_last.shape[0]] = self.closed_last
+            self.closed_last = grown
+        self._restore_counters(part, partition)
+        for start in due:
+            out.extend(self._close(partition, part, start))
+            del part.open[start]
+            if not any(start in p.open for p in self.parts.values()):
+                self.pool.release(start)
+            self.stats.windows_closed += 1
+            part.done.setdefault("base", start)
+        specs, sketch = self._layout_groups(partition)
+        by_reducer: dict[str, list[I64]] = {}
+        for spec in specs:
+            for red, arrs in spec.by_reducer().items():
+                by_reducer.setdefault(red, []).extend(arrs)
+        derive_tiers(self.store, by_reducer, sketch, part.done, due[-1] + WINDOW_MS)
+        return out
+
+    def _close(self, partition: int, part: _Part, start: int) -> list[RollupFrame]:
+        pool = self.pool
+        s = pool.slot_of[start]
+        lay = self.topo.layout(partition)
+        rows = lay.gslots
+        a = {k: pool.arr[k][s][rows] for k in _ARRAYS}
+        last_ts = pool.last_ts[s][rows]
+        cl = self.closed_last[rows]
+        apply_counter_boundary(a["cnt"], a["first"], a["last"], a["inc"], cl, _COUNTER)
+        self.closed_last[rows] = cl
+        gpu = LevelArrays(a["cnt"], a["sum"], a["min"], a["max"], a["last"], last_ts,
+                          a["sumsq"], a["inc"])
+        order = np.arange(rows.size, dtype=np.int64)
+        node = LevelArrays(*reduce_rows(order, lay.gpu_node, lay.node_eids.size, gpu.cnt,
+                                        gpu.sum, gpu.min, gpu.max, gpu.last, gpu.last_ts,
+                                        gpu.sumsq, gpu.inc))
+        norder = np.arange(lay.node_eids.size, dtype=np.int64)
+        rack = LevelArrays(*reduce_rows(norder, lay.node_rack, lay.rack_eids.size, node.cnt,
+                                        node.sum, node.min, node.max, node.last, node.last_ts,
+                                        node.sumsq, node.inc))
+        specs, _ = self._layout_groups(partition)
+        for spec, arrays in zip(specs, (gpu, node, rack), strict=True):
+            write_groups(self.store, BASE_TIER, start, spec, arrays)
+        sketches = self._sketches(s, lay.rack_slots)
+        frames = []
+        for ri, r in enumerate(lay.rack_slots.tolist()):
+            cols = np.flatnonzero(self.topo.rack_metrics[r])
+            entry = sketches.get(r)
+            sk_cols, sk_slot, sk_cnt = entry if entry else (np.zeros(0, np.int64),) * 3
+            eid = int(lay.rack_eids[ri])
+            for c in np.unique(sk_cols).tolist():
+                sel = sk_cols == c
+                sid = eid * ENTITY_STRIDE + c * AGG_SLOTS + AGG_CODES["sketch"]
+                self.store.append(BASE_TIER, np.asarray([sid]), start + sk_slot[sel],
+                                  sk_cnt[sel][:, None])
+            colpos = np.searchsorted(cols, sk_cols)
+            _, cl_, rw, rk, _, _ = lay.rack_keys[ri]
+            frames.append(RollupFrame(
+                "rack", cl_, rw, rk, start, WINDOW_MS, cols.astype(np.uint16),
+                rack.last_ts[ri, cols].astype(np.int64),
+                np.stack([rack.cnt[ri, cols], rack.sum[ri, cols], rack.min[ri, cols],
+                          rack.max[ri, cols], rack.last[ri, cols], rack.sumsq[ri, cols],
+                          rack.inc[ri, cols]]),
+                N_SLOTS, colpos.astype(np.int32), sk_slot.astype(np.int32),
+                sk_cnt.astype(np.float64)))
+        return frames
+
+    def _sketches(self, pool_slot: int, racks: I64) -> dict[int, tuple[I64, I64, I64]]:
+        """Sketch (column, slot, count) per rack of this partition, from the pooled codes."""
+        parts = self.pool.codes.get(pool_slot) or []
+        if not parts:
+            return {}
+        codes = np.concatenate(parts)
+        per_rack = N_COLUMNS * N_SLOTS
+        mine = np.isin(codes // per_rack, racks)
+        self.pool.codes[pool_slot] = [codes[~mine]] if (~mine).any() else []
+        uniq, counts = np.unique(codes[mine], return_counts=True)
+        out: dict[int, tuple[I64, I64, I64]] = {}
+        if uniq.size == 0:
+            return out
+        r = uniq // per_rack
+        cs = uniq % per_rack
+        bounds = np.flatnonzero(np.diff(r)) + 1
+        for seg_r, seg_c, seg_n in zip(np.split(r, bounds), np.split(cs, bounds),
+                                       np.split(counts, bounds), strict=True):
+            out[int(seg_r[0])] = (seg_c // N_SLOTS, seg_c % N_SLOTS, seg_n.astype(np.int64))
+        return out
+
+    # ------------------------------------------------------------- durability
+    def checkpoint(self, partition: int) -> PartitionCheckpoint:
+        """State as of now for ``partition``; call after the store's flush."""
+        part = self.parts[partition]
+        part.dedup.prune(part.resume)
+        lay = self.topo.layout(partition)
+        counters = dict(part.pending_counters)
+        ccols = np.flatnonzero(_COUNTER)
+        if lay.gslots.size and self.closed_last.shape[0] >= lay.gslots.max() + 1:
+            block = self.closed_last[lay.gslots][:, ccols]
+            for i, path in enumerate(lay.gpu_paths):
+                have = ~np.isnan(block[i])
+                if have.any():
+                    counters[path] = {str(int(c)): float(v)
+                                      for c, v in zip(ccols[have], block[i][have], strict=True)}
+        return PartitionCheckpoint(
+            topic=self.topic, partition=partition, resume_offset=part.resume,
+            position=part.position, watermark=part.watermark, dedup=part.dedup.to_json(),
+            counters=counters, downsampled=dict(part.done),
+            extra={"sketch_relative_accuracy": RELATIVE_ACCURACY})
+
+    def open_windows(self) -> int:
+        return sum(len(p.open) for p in self.parts.values())

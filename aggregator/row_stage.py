@@ -1,0 +1,217 @@
+"""The row/cluster stage: rack rollups -> row windows -> (published) -> cluster windows.
+
+It consumes the rollups topic. Rack frames (keyed by row) merge into row windows; each
+closed row window is stored and published back as a row frame keyed by cluster, which the
+same stage (on whichever instance owns that key) merges into cluster windows. So the stage
+scales out like the rack stage and needs no all-to-one hop except per cluster.
+
+A child frame is identified by (level, entity, window); a replayed frame replaces the one
+held, so re-reading after a crash cannot double count. Windows close on a per-partition
+watermark (the newest child window start seen) plus ``lateness``; children arriving after
+that are counted as late. Children are merged in name order, so sums are bit-for-bit the
+same on every replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from aggregator.checkpoint import PartitionCheckpoint
+from aggregator.level_writer import LevelArrays, build_groups, write_groups
+from aggregator.rack_stage import BASE_TIER, WINDOW_MS
+from aggregator.series_index import EntityIndex, EntityKey
+from aggregator.series_layout import AGG_CODES, AGG_SLOTS, ENTITY_STRIDE, KIND_OF_COLUMN, N_COLUMNS
+from aggregator.sketch import N_SLOTS
+from aggregator.store import SeriesStore
+from aggregator.tiers import derive_tiers
+from aggregator.window_kernel import reduce_rows
+from fleetpulse.transport.base import Message
+from schemas.catalog import Kind
+from schemas.errors import DecodeError
+from schemas.rollup import RollupFrame, decode_rollup
+
+__all__ = ["RowStage"]
+
+_NEG_INF: Final = -(1 << 62)
+_GAUGE = np.asarray([k is Kind.GAUGE for k in KIND_OF_COLUMN], bool)
+I64 = npt.NDArray[np.int64]
+
+def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
+
+ParentKey = tuple[str, str, str]
+"""(parent level, cluster, row) -- row is "" for a cluster."""
+
+
+@dataclass(slots=True)
+class _Part:
+    watermark: int = _NEG_INF
+    open: dict[tuple[ParentKey, int], dict[str, RollupFrame]] = field(default_factory=dict)
+    first_offset: dict[tuple[ParentKey, int], int] = field(default_factory=dict)
+    position: int = 0
+    done: dict[str, int] = field(default_factory=dict)
+    sids: dict[str, set[int]] = field(default_factory=dict)
+    sketch_sids: set[int] = field(default_factory=set)
+
+    @property
+    def resume(self) -> int:
+        return min(self.first_offset.values(), default=self.position)
+
+
+class RowStage:
+    """Row and cluster rollups for the rollups-topic partitions this instance owns."""
+
+    def __init__(self, store: SeriesStore, index: EntityIndex, *, topic: str,
+                 lateness_ms: int = 30_000) -> None:
+        self.store = store
+        self.index = index
+        self.topic = topic
+        self.lateness = lateness_ms
+        self.parts: dict[int, _Part] = {}
+        self.late = 0
+        self.decode_errors = 0
+        self.windows_closed = 0
+
+    def assign(self, partition: int, ckpt: PartitionCheckpoint | None) -> int:
+        part = _Part()
+        if ckpt is not None:
+            part.watermark = ckpt.watermark
+            part.position = ckpt.resume_offset
+            part.done = dict(ckpt.downsampled)
+            part.sids = {k: set(v) for k, v in ckpt.extra.get("sids", {}).items()}
+            part.sketch_sids = set(ckpt.extra.get("sketch_sids", []))
+        self.parts[partition] = part
+        return part.position
+
+    def revoke(self, partition: int) -> None:
+        self.parts.pop(partition, None)
+
+    def process(self, msgs: list[Message]) -> tuple[list[tuple[Message, str]], list[RollupFrame]]:
+        dead: list[tuple[Message, str]] = []
+        touched: set[int] = set()
+        for msg in msgs:
+            part = self.parts.get(msg.partition)
+            if part is None:
+                part = self.parts[msg.partition] = _Part(position=msg.offset)
+            if msg.offset < part.position:
+                continue
+            part.position = msg.offset + 1
+            try:
+                fr = decode_rollup(msg.value)
+            except DecodeError as exc:
+                self.decode_errors += 1
+                dead.append((msg, f"rollup frame: {exc}"))
+                continue
+            touched.add(msg.partition)
+            part.watermark = max(part.watermark, fr.start_ms)
+            if fr.start_ms + fr.width_ms + self.lateness <= part.watermark:
+                self.late += 1
+                continue
+            if fr.level == "rack":
+                parent: ParentKey = ("row", fr.cluster, fr.row)
+                child = fr.rack
+            else:
+                parent = ("cluster", fr.cluster, "")
+                child = fr.row
+            key = (parent, fr.start_ms)
+            part.open.setdefault(key, {})[child] = fr
+            part.first_offset.setdefault(key, msg.offset)
+        out: list[RollupFrame] = []
+        for p in sorted(touched):
+            out.extend(self._close_due(p))
+        return dead, out
+
+    def _close_due(self, partition: int) -> list[RollupFrame]:
+        part = self.parts[partition]
+        due = sorted((k for k in part.open if k[1] + WINDOW_MS + self.lateness <= part.watermark),
+                     key=lambda k: (k[1], k[0]))
+        out = []
+        for key in due:
+            frame = self._close(part, key[0], key[1], part.open.pop(key))
+            part.first_offset.pop(key, None)
+            part.done.setdefault("base", key[1])
+            self.windows_closed += 1
+            if frame is not None:
+                out.append(frame)
+        if due:
+            by_reducer = {r: [np.fromiter(s, np.int64)] for r, s in part.sids.items()}
+            derive_tiers(self.store, by_reducer, np.fromiter(sorted(part.sketch_sids), np.int64),
+                         part.done, due[-1][1] + WINDOW_MS)
+        return out
+
+    def _close(self, part: _Part, parent: ParentKey, start: int,
+               children: dict[str, RollupFrame]) -> RollupFrame | None:
+        names = sorted(children)
+        n = len(names)
+        cnt = np.zeros((n, N_COLUMNS))
+        arrs = {k: np.zeros((n, N_COLUMNS)) for k in ("sum", "sumsq", "inc")}
+        arrs.update({k: np.full((n, N_COLUMNS), np.nan) for k in ("min", "max", "last")})
+        last_ts = np.full((n, N_COLUMNS), np.iinfo(np.int64).min, np.int64)
+        present = np.zeros(N_COLUMNS, bool)
+        sk = np.zeros((N_COLUMNS, N_SLOTS))
+        for i, name in enumerate(names):
+            fr = children[name]
+            cols = fr.metric_ids.astype(np.int64)
+            keep = cols < N_COLUMNS
+            cols = cols[keep]
+            present[cols] = True
+            a = fr.aggs[:, keep]
+            cnt[i, cols] = np.nan_to_num(a[0])
+            arrs["sum"][i, cols] = a[1]
+            arrs["min"][i, cols] = a[2]
+            arrs["max"][i, cols] = a[3]
+            arrs["last"][i, cols] = a[4]
+            arrs["sumsq"][i, cols] = a[5]
+            arrs["inc"][i, cols] = a[6]
+            last_ts[i, cols] = fr.last_ts[keep]
+            if fr.sketch_counts.size:
+                fcols = fr.metric_ids.astype(np.int64)[fr.sketch_cols]
+                ok = fcols < N_COLUMNS
+                np.add.at(sk, (fcols[ok], fr.sketch_slot[ok]), fr.sketch_counts[ok])
+        level, cluster, row = parent
+        ekey: EntityKey = (level, cluster, row, "", "", "")
+        eid = self.index.add(ekey)
+        cols = np.flatnonzero(present)
+        self.index.add_metrics([eid], cols.tolist())
+        res = LevelArrays(*reduce_rows(np.arange(n, dtype=np.int64), np.zeros(n, np.int64), 1,
+                                       cnt, arrs["sum"], arrs["min"], arrs["max"], arrs["last"],
+                                       last_ts, arrs["sumsq"], arrs["inc"]))
+        spec = build_groups([(np.zeros(1, np.int64), np.asarray([eid], np.int64), cols)])
+        write_groups(self.store, BASE_TIER, start, spec, res)
+        for red, arr in spec.by_reducer().items():
+            part.sids.setdefault(red, set()).update(np.concatenate(arr).tolist())
+        sk_cols, sk_slots, sk_counts = [], [], []
+        for c in cols[_GAUGE[cols]].tolist():
+            slots = np.flatnonzero(sk[c])
+            if slots.size == 0:
+                continue
+            sid = eid * ENTITY_STRIDE + c * AGG_SLOTS + AGG_CODES["sketch"]
+            part.sketch_sids.add(sid)
+            self.store.append(BASE_TIER, np.asarray([sid]), start + slots, sk[c, slots][:, None])
+            sk_cols.append(np.full(slots.size, int(np.searchsorted(cols, c)), np.int32))
+            sk_slots.append(slots.astype(np.int32))
+            sk_counts.append(sk[c, slots])
+        if level != "row":
+            return None
+        return RollupFrame(
+            "row", cluster, row, "", start, WINDOW_MS, cols.astype(np.uint16),
+            res.last_ts[0, cols].astype(np.int64),
+            np.stack([res.cnt[0, cols], res.sum[0, cols], res.min[0, cols], res.max[0, cols],
+                      res.last[0, cols], res.sumsq[0, cols], res.inc[0, cols]]),
+            N_SLOTS, _cat(sk_cols, np.int32), _cat(sk_slots, np.int32), _cat(sk_counts, np.float64))
+
+    def checkpoint(self, partition: int) -> PartitionCheckpoint:
+        part = self.parts[partition]
+        return PartitionCheckpoint(
+            topic=self.topic, partition=partition, resume_offset=part.resume,
+            position=part.position, watermark=part.watermark, downsampled=dict(part.done),
+            extra={"sids": {k: sorted(v) for k, v in part.sids.items()},
+                   "sketch_sids": sorted(part.sketch_sids)})
+
+    def open_windows(self) -> int:
+        return sum(len(p.open) for p in self.parts.values())
