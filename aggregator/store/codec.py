@@ -1,0 +1,1014 @@
+# numba kernels mix Python ints with numpy scalars (np.int64 / np.uint64 are what numba
+# infers and needs for bit arithmetic); mypy's numpy stubs cannot follow that, so these three
+# codes are off for this file only. The Python API at the bottom is fully typed.
+# mypy: disable-error-code="arg-type,assignment,return-value"
+"""Chunk codec: groups of float64 series sharing int64 timestamps <-> bytes, lossless.
+
+A leaf module (numpy and numba only, nothing of the project), in the spirit of Prometheus'
+``chunkenc``: pure functions, arrays in, bytes out, and the byte layout documented here.
+The numba kernels encode and decode whole groups (and batches of groups) per call;
+:mod:`aggregator.store.codec_reference` is a slow, obviously-correct Python version of the
+same layout that the tests hold the kernels to, byte for byte.
+
+Why it beats plain Gorilla on telemetry
+---------------------------------------
+- One timestamp column per *group* (all series of one node's ticks share it), so jittered
+  timestamps, which cost plain Gorilla ~2 bytes per sample, are paid once per tick.
+- Most NVML readings are integers or fixed decimals once in base units (123.456 W from mW,
+  0.37 ratio from %, 1410000000 Hz from MHz, MiB as bytes). Such a column is stored as
+  scaled integers ``n * 10**-e`` (exact: decoding computes the same correctly rounded
+  double), divided by the GCD of their differences (MiB, 15 MHz clock steps), as deltas or
+  deltas of deltas, with a per-column prefix code whose widths are chosen optimally from
+  the column's own histogram. XOR (Gorilla's value encoding) stays as the fallback for
+  values that are not decimals (or for -0.0, NaN, inf, which are never decimals).
+- Constant columns cost a few bytes.
+
+Byte layout (all multi-byte header integers are LEB128 varints; ``zz`` = zigzag; bit
+streams are MSB-first and padded with zero bits to a whole byte)::
+
+    group   := u8 version (=1) | varint k | varint T | tsec | column{k}      (no sections when T=0)
+    tsec    := u8 TS_DOD (=1) | varint nbytes | bits:
+                 i64 first timestamp (64 bits), then for each later timestamp its
+                 delta-of-delta (the first delta counts as a dod against 0), z = zz(dod):
+                 '0' -> 0 | '10' z:7 | '110' z:9 | '1110' z:12 | '1111' z:64
+    column  := u8 tag | body
+      C_CONST     (1): u64 bits (8 bytes, little-endian)          all T values bitwise equal
+      C_CONST_INT (2): i8 e | varint zz(n)                         all equal to n * 10**-e
+      C_XOR       (3): varint nbytes | bits: first value 64 bits, then per value
+                       '0' (same) | '10' meaningful bits in the previous window |
+                       '11' lz:5 sig:6 (0 means 64) then sig bits      (Gorilla's control bits)
+      C_DELTA     (4): i8 e | varint zz(n0) | varint g | stream of T-1 values m[i]-m[i-1]
+      C_DOD       (5): i8 e | varint zz(n0) | varint g | varint zz(d1) | stream of T-2 dods
+                       where n[i] = n0 + g*m[i], m[0] = 0, d1 = m[1] - m[0]
+    stream  := varint nbytes | u8 c (1..3) | u8 width{c} | bits: per value z = zz(x),
+                 c=1: z:w0    c=2: '0' z:w0 | '1' z:w1    c=3: '0' z:w0 | '10' z:w1 | '11' z:w2
+
+Value of a scaled integer: ``n / 10**e`` when e >= 0, ``n * 10**-e`` when e < 0 (|n| <= 2**53,
+-15 <= e <= 15); an encoder uses it only when that reproduces every value bit for bit.
+The encoder picks, per column: C_CONST if all bits are equal, else C_CONST_INT/C_DELTA/C_DOD
+(the fewest bits; DOD only when strictly smaller) if every value is such a decimal, else
+C_XOR. For a stream it picks c and widths with the fewest bits (ties: fewer classes, then
+smaller widths). Decoding validates lengths and tags and raises :class:`CodecError`.
+
+Plain Gorilla (the benchmark's baseline, no tricks): ``varint T | tsec | C_XOR body`` per
+series (:func:`encode_gorilla`).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numba as nb
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "C_CONST",
+    "C_CONST_INT",
+    "C_DELTA",
+    "C_DOD",
+    "C_XOR",
+    "CodecError",
+    "column_tags",
+    "decode_gorilla",
+    "decode_group",
+    "decode_groups",
+    "encode_gorilla",
+    "encode_group",
+    "encode_groups",
+]
+
+VERSION: Final = 1
+TS_DOD: Final = 1
+C_CONST: Final = 1
+C_CONST_INT: Final = 2
+C_XOR: Final = 3
+C_DELTA: Final = 4
+C_DOD: Final = 5
+E_MIN: Final = -15
+E_MAX: Final = 15
+N_LIMIT: Final = 1 << 53
+PAD: Final = 16
+NEG_ZERO: Final = np.uint64(1 << 63)
+
+POW10 = np.array([10.0 ** i for i in range(16)], dtype=np.float64)
+
+U64 = nb.uint64
+_U1 = np.uint64(1)
+
+
+class CodecError(ValueError):
+    """A blob that is not a valid chunk (truncated, bad tag, sizes that disagree)."""
+
+
+# ---------------------------------------------------------------------------- bit writer
+
+
+@nb.njit(inline="always", cache=True)
+def _put(buf: np.ndarray, pos: int, acc: np.uint64, nacc: int, val: np.uint64,
+         nbits: int) -> tuple[int, np.uint64, int]:  # pragma: no cover - numba
+    """Append the low ``nbits`` (<= 56) of ``val``; returns (pos, acc, nacc)."""
+    if nbits == 0:
+        return pos, acc, nacc
+    mask = (U64(1) << U64(nbits)) - U64(1)
+    acc = (acc << U64(nbits)) | (val & mask)
+    nacc += nbits
+    while nacc >= 8:
+        nacc -= 8
+        buf[pos] = np.uint8((acc >> U64(nacc)) & U64(0xFF))
+        pos += 1
+    return pos, acc, nacc
+
+
+@nb.njit(inline="always", cache=True)
+def _put64(buf: np.ndarray, pos: int, acc: np.uint64, nacc: int, val: np.uint64,
+           nbits: int) -> tuple[int, np.uint64, int]:  # pragma: no cover - numba
+    """Append the low ``nbits`` (<= 64) of ``val``."""
+    if nbits > 32:
+        pos, acc, nacc = _put(buf, pos, acc, nacc, val >> U64(32), nbits - 32)
+        return _put(buf, pos, acc, nacc, val & U64(0xFFFFFFFF), 32)
+    return _put(buf, pos, acc, nacc, val, nbits)
+
+
+@nb.njit(inline="always", cache=True)
+def _finish(buf: np.ndarray, pos: int, acc: np.uint64, nacc: int) -> int:  # pragma: no cover
+    if nacc > 0:
+        buf[pos] = np.uint8((acc << U64(8 - nacc)) & U64(0xFF))
+        pos += 1
+    return pos
+
+
+@nb.njit(inline="always", cache=True)
+def _varint(buf: np.ndarray, pos: int, v: np.uint64) -> int:  # pragma: no cover - numba
+    while v >= U64(0x80):
+        buf[pos] = np.uint8((v & U64(0x7F)) | U64(0x80))
+        v >>= U64(7)
+        pos += 1
+    buf[pos] = np.uint8(v)
+    return pos + 1
+
+
+@nb.njit(inline="always", cache=True)
+def _varint_len(v: np.uint64) -> int:  # pragma: no cover - numba
+    n = 1
+    while v >= U64(0x80):
+        v >>= U64(7)
+        n += 1
+    return n
+
+
+@nb.njit(inline="always", cache=True)
+def _zz(x: np.int64) -> np.uint64:  # pragma: no cover - numba
+    return U64((x << np.int64(1)) ^ (x >> np.int64(63)))
+
+
+@nb.njit(inline="always", cache=True)
+def _unzz(z: np.uint64) -> np.int64:  # pragma: no cover - numba
+    return np.int64(z >> U64(1)) ^ -np.int64(z & U64(1))
+
+
+@nb.njit(inline="always", cache=True)
+def _bitlen(z: np.uint64) -> int:  # pragma: no cover - numba
+    n = 0
+    if z >= U64(1) << U64(32):
+        z >>= U64(32)
+        n += 32
+    if z >= U64(1) << U64(16):
+        z >>= U64(16)
+        n += 16
+    if z >= U64(1) << U64(8):
+        z >>= U64(8)
+        n += 8
+    while z:
+        z >>= U64(1)
+        n += 1
+    return n
+
+
+@nb.njit(inline="always", cache=True)
+def _ctz(x: np.uint64) -> int:  # pragma: no cover - numba
+    n = 0
+    if (x & U64(0xFFFFFFFF)) == U64(0):
+        x >>= U64(32)
+        n += 32
+    if (x & U64(0xFFFF)) == U64(0):
+        x >>= U64(16)
+        n += 16
+    if (x & U64(0xFF)) == U64(0):
+        x >>= U64(8)
+        n += 8
+    while (x & U64(1)) == U64(0):
+        x >>= U64(1)
+        n += 1
+    return n
+
+
+# ---------------------------------------------------------------------------- bit reader
+
+
+@nb.njit(inline="always", cache=True)
+def _peek(buf: np.ndarray, bitpos: int) -> np.uint64:  # pragma: no cover - numba
+    """The 64 bits starting at ``bitpos`` (buffer padded with >= 9 zero bytes)."""
+    b = bitpos >> 3
+    r = bitpos & 7
+    v = U64(0)
+    for i in range(8):
+        v = (v << U64(8)) | U64(buf[b + i])
+    if r:
+        v = (v << U64(r)) | (U64(buf[b + 8]) >> U64(8 - r))
+    return v
+
+
+@nb.njit(inline="always", cache=True)
+def _get(buf: np.ndarray, bitpos: int, nbits: int) -> np.uint64:  # pragma: no cover - numba
+    if nbits == 0:
+        return U64(0)
+    return _peek(buf, bitpos) >> U64(64 - nbits)
+
+
+@nb.njit(inline="always", cache=True)
+def _rvarint(buf: np.ndarray, pos: int, end: int) -> tuple[np.uint64, int]:  # pragma: no cover
+    v = U64(0)
+    shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            return U64(0), -1
+        byte = buf[pos]
+        pos += 1
+        v |= U64(byte & 0x7F) << U64(shift)
+        if byte < 0x80:
+            return v, pos
+        shift += 7
+
+
+# ---------------------------------------------------------------------------- timestamps
+
+
+@nb.njit(cache=True)
+def _enc_ts(ts: np.ndarray, buf: np.ndarray, pos: int) -> int:  # pragma: no cover - numba
+    """Write tsec at ``pos``; returns the new position."""
+    n = ts.size
+    buf[pos] = TS_DOD
+    pos += 1
+    # worst case bits: 64 + (n-1)*68 -> reserve a 10-byte varint slot, then compact
+    start = pos + 10
+    p = start
+    acc = U64(0)
+    nacc = 0
+    p, acc, nacc = _put64(buf, p, acc, nacc, U64(ts[0]), 64)
+    prev_d = np.int64(0)
+    for i in range(1, n):
+        d = ts[i] - ts[i - 1]
+        z = _zz(d - prev_d)
+        prev_d = d
+        if z == U64(0):
+            p, acc, nacc = _put(buf, p, acc, nacc, U64(0), 1)
+        elif z < U64(128):
+            p, acc, nacc = _put(buf, p, acc, nacc, (U64(0b10) << U64(7)) | z, 9)
+        elif z < U64(512):
+            p, acc, nacc = _put(buf, p, acc, nacc, (U64(0b110) << U64(9)) | z, 12)
+        elif z < U64(4096):
+            p, acc, nacc = _put(buf, p, acc, nacc, (U64(0b1110) << U64(12)) | z, 16)
+        else:
+            p, acc, nacc = _put(buf, p, acc, nacc, U64(0b1111), 4)
+            p, acc, nacc = _put64(buf, p, acc, nacc, z, 64)
+    p = _finish(buf, p, acc, nacc)
+    nbytes = p - start
+    q = _varint(buf, pos, U64(nbytes))
+    for i in range(nbytes):  # q < start: a forward copy never overwrites unread bytes
+        buf[q + i] = buf[start + i]
+    return q + nbytes
+
+
+@nb.njit(cache=True)
+def _dec_ts(buf: np.ndarray, pos: int, end: int, n: int, out: np.ndarray) -> int:  # pragma: no cover
+    """Read tsec into ``out[:n]``; returns the new position or -1 when malformed."""
+    if pos >= end or buf[pos] != TS_DOD:
+        return -1
+    nbytes, pos = _rvarint(buf, pos + 1, end)
+    if pos < 0 or pos + np.int64(nbytes) > end:
+        return -1
+    bit = pos * 8
+    stop = (pos + np.int64(nbytes)) * 8
+    out[0] = np.int64(_peek(buf, bit))
+    bit += 64
+    prev_d = np.int64(0)
+    for i in range(1, n):
+        if bit > stop:
+            return -1
+        top = _peek(buf, bit)
+        if (top >> U64(63)) == U64(0):
+            z = U64(0)
+            bit += 1
+        elif (top >> U64(62)) == U64(0b10):
+            z = (top >> U64(55)) & U64(0x7F)
+            bit += 9
+        elif (top >> U64(61)) == U64(0b110):
+            z = (top >> U64(52)) & U64(0x1FF)
+            bit += 12
+        elif (top >> U64(60)) == U64(0b1110):
+            z = (top >> U64(48)) & U64(0xFFF)
+            bit += 16
+        else:
+            bit += 4
+            z = _peek(buf, bit)
+            bit += 64
+        prev_d = prev_d + _unzz(z)
+        out[i] = out[i - 1] + prev_d
+    if bit > stop:
+        return -1
+    return pos + np.int64(nbytes)
+
+
+# ---------------------------------------------------------------------------- XOR values
+
+
+@nb.njit(cache=True)
+def _enc_xor(bits: np.ndarray, buf: np.ndarray, pos: int) -> int:  # pragma: no cover - numba
+    """Write a C_XOR body (after the tag) at ``pos``."""
+    n = bits.size
+    start = pos + 10
+    p = start
+    acc = U64(0)
+    nacc = 0
+    p, acc, nacc = _put64(buf, p, acc, nacc, bits[0], 64)
+    plz = 65
+    ptz = 65
+    for i in range(1, n):
+        x = bits[i] ^ bits[i - 1]
+        if x == U64(0):
+            p, acc, nacc = _put(buf, p, acc, nacc, U64(0), 1)
+            continue
+        lz = 64 - _bitlen(x)
+        tz = _ctz(x)
+        if lz > 31:
+            lz = 31
+        if plz <= 64 and lz >= plz and tz >= ptz:
+            p, acc, nacc = _put(buf, p, acc, nacc, U64(0b10), 2)
+            p, acc, nacc = _put64(buf, p, acc, nacc, x >> U64(ptz), 64 - plz - ptz)
+        else:
+            sig = 64 - lz - tz
+            head = (U64(0b11) << U64(11)) | (U64(lz) << U64(6)) | U64(sig & 63)
+            p, acc, nacc = _put(buf, p, acc, nacc, head, 13)
+            p, acc, nacc = _put64(buf, p, acc, nacc, x >> U64(tz), sig)
+            plz = lz
+            ptz = tz
+    p = _finish(buf, p, acc, nacc)
+    nbytes = p - start
+    q = _varint(buf, pos, U64(nbytes))
+    for i in range(nbytes):  # q < start: a forward copy never overwrites unread bytes
+        buf[q + i] = buf[start + i]
+    return q + nbytes
+
+
+@nb.njit(cache=True)
+def _dec_xor(buf: np.ndarray, pos: int, end: int, n: int, out: np.ndarray) -> int:  # pragma: no cover
+    nbytes, pos = _rvarint(buf, pos, end)
+    if pos < 0 or pos + np.int64(nbytes) > end:
+        return -1
+    bit = pos * 8
+    stop = (pos + np.int64(nbytes)) * 8
+    cur = _peek(buf, bit)
+    out[0] = cur
+    bit += 64
+    plz = 0
+    psig = 0
+    for i in range(1, n):
+        if bit > stop:
+            return -1
+        top = _peek(buf, bit)
+        if (top >> U64(63)) == U64(0):
+            bit += 1
+        elif (top >> U64(62)) == U64(0b10):
+            if psig == 0:
+                return -1
+            bit += 2
+            x = _get(buf, bit, psig) if psig <= 56 else (
+                (_get(buf, bit, psig - 32) << U64(32)) | _get(buf, bit + psig - 32, 32))
+            bit += psig
+            cur ^= x << U64(64 - plz - psig)
+        else:
+            lz = np.int64((top >> U64(57)) & U64(31))
+            sig = np.int64((top >> U64(51)) & U64(63))
+            if sig == 0:
+                sig = 64
+            if lz + sig > 64:
+                return -1
+            bit += 13
+            x = _get(buf, bit, sig) if sig <= 56 else (
+                (_get(buf, bit, sig - 32) << U64(32)) | _get(buf, bit + sig - 32, 32))
+            bit += sig
+            cur ^= x << U64(64 - lz - sig)
+            plz = lz
+            psig = sig
+        out[i] = cur
+    if bit > stop:
+        return -1
+    return pos + np.int64(nbytes)
+
+
+# ---------------------------------------------------------------------------- scaled integers
+
+
+@nb.njit(inline="always", cache=True)
+def _scaled(v: float, e: int) -> tuple[bool, np.int64]:  # pragma: no cover - numba
+    """Is ``v`` exactly the double that decoding ``n`` at exponent ``e`` gives? -> (ok, n)."""
+    x = v * POW10[e] if e >= 0 else v / POW10[-e]
+    if not (abs(x) <= 9007199254740992.0):  # also rejects NaN and inf
+        return False, np.int64(0)
+    n = np.int64(np.rint(x))
+    back = np.float64(n) / POW10[e] if e >= 0 else np.float64(n) * POW10[-e]
+    # finite doubles compare equal exactly when their bits are equal, except -0.0 == 0.0;
+    # the caller rejects -0.0 (n = 0 always decodes to +0.0)
+    return back == v, n
+
+
+@nb.njit(inline="always", cache=True)
+def _decode_scaled(n: np.int64, e: int) -> float:  # pragma: no cover - numba
+    if e >= 0:
+        return np.float64(n) / POW10[e]
+    return np.float64(n) * POW10[-e]
+
+
+@nb.njit(cache=True)
+def _find_scale(col: np.ndarray, bits: np.ndarray, ints: np.ndarray) -> int:  # pragma: no cover
+    """Smallest common exponent e making every value a scaled integer; E_MAX+1 if none."""
+    n = col.size
+    for i in range(n):
+        if bits[i] == NEG_ZERO:
+            return E_MAX + 1
+    e = E_MIN
+    i = 0
+    while i < n:
+        ok, v = _scaled(col[i], e)
+        if ok:
+            ints[i] = v
+            i += 1
+            continue
+        e += 1
+        if e > E_MAX:
+            return E_MAX + 1
+        i = 0  # earlier values must be re-scaled at the larger exponent
+    return e
+
+
+@nb.njit(inline="always", cache=True)
+def _gcd(a: np.int64, b: np.int64) -> np.int64:  # pragma: no cover - numba
+    while b:
+        a, b = b, a % b
+    return a
+
+
+@nb.njit(cache=True)
+def _plan_stream(z: np.ndarray, m: int, hist: np.ndarray, widths: np.ndarray) -> tuple[int, int]:
+    # pragma: no cover - numba
+    """Best prefix code for z[:m]: fills widths[:c]; returns (c, payload bits)."""
+    hist[:] = 0
+    lmax = 0
+    for i in range(m):
+        b = _bitlen(z[i])
+        hist[b] += 1
+        if b > lmax:
+            lmax = b
+    best_bits = m * lmax
+    best_c = 1
+    widths[0] = lmax
+    cum = hist  # in place: cum[w] = number of values with bitlen <= w
+    for w in range(1, lmax + 1):
+        cum[w] += cum[w - 1]
+    for w0 in range(lmax):
+        c0 = cum[w0]
+        bits2 = m + c0 * w0 + (m - c0) * lmax
+        if bits2 < best_bits:
+            best_bits = bits2
+            best_c = 2
+            widths[0] = w0
+            widths[1] = lmax
+    for w0 in range(lmax):
+        c0 = cum[w0]
+        for w1 in range(w0 + 1, lmax):
+            c1 = cum[w1] - c0
+            c2 = m - cum[w1]
+            bits3 = c0 * (1 + w0) + c1 * (2 + w1) + c2 * (2 + lmax)
+            if bits3 < best_bits:
+                best_bits = bits3
+                best_c = 3
+                widths[0] = w0
+                widths[1] = w1
+                widths[2] = lmax
+    return best_c, best_bits
+
+
+@nb.njit(cache=True)
+def _write_stream(z: np.ndarray, m: int, c: int, widths: np.ndarray, nbits: int, buf: np.ndarray,
+                  pos: int) -> int:  # pragma: no cover - numba
+    nbytes = (nbits + 7) // 8
+    pos = _varint(buf, pos, U64(nbytes))
+    buf[pos] = c
+    pos += 1
+    for j in range(c):
+        buf[pos] = widths[j]
+        pos += 1
+    acc = U64(0)
+    nacc = 0
+    w0 = widths[0]
+    if c == 1:
+        for i in range(m):
+            pos, acc, nacc = _put64(buf, pos, acc, nacc, z[i], w0)
+    elif c == 2:
+        w1 = widths[1]
+        for i in range(m):
+            if _bitlen(z[i]) <= w0:
+                pos, acc, nacc = _put(buf, pos, acc, nacc, U64(0), 1)
+                pos, acc, nacc = _put64(buf, pos, acc, nacc, z[i], w0)
+            else:
+                pos, acc, nacc = _put(buf, pos, acc, nacc, U64(1), 1)
+                pos, acc, nacc = _put64(buf, pos, acc, nacc, z[i], w1)
+    else:
+        w1 = widths[1]
+        w2 = widths[2]
+        for i in range(m):
+            b = _bitlen(z[i])
+            if b <= w0:
+                pos, acc, nacc = _put(buf, pos, acc, nacc, U64(0), 1)
+                pos, acc, nacc = _put64(buf, pos, acc, nacc, z[i], w0)
+            elif b <= w1:
+                pos, acc, nacc = _put(buf, pos, acc, nacc, U64(0b10), 2)
+                pos, acc, nacc = _put64(buf, pos, acc, nacc, z[i], w1)
+            else:
+                pos, acc, nacc = _put(buf, pos, acc, nacc, U64(0b11), 2)
+                pos, acc, nacc = _put64(buf, pos, acc, nacc, z[i], w2)
+    return _finish(buf, pos, acc, nacc)
+
+
+@nb.njit(cache=True)
+def _read_stream(buf: np.ndarray, pos: int, end: int, m: int, out: np.ndarray) -> int:
+    # pragma: no cover - numba
+    """Read a stream of m zigzagged values into out[:m] (as int64); new pos or -1."""
+    nbytes, pos = _rvarint(buf, pos, end)
+    if pos < 0 or pos >= end:
+        return -1
+    c = np.int64(buf[pos])
+    pos += 1
+    if c < 1 or c > 3 or pos + c > end:
+        return -1
+    w0 = np.int64(buf[pos])
+    w1 = np.int64(buf[pos + 1]) if c > 1 else 0
+    w2 = np.int64(buf[pos + 2]) if c > 2 else 0
+    if w0 > 64 or w1 > 64 or w2 > 64:
+        return -1
+    pos += c
+    if pos + np.int64(nbytes) > end:
+        return -1
+    bit = pos * 8
+    stop = (pos + np.int64(nbytes)) * 8
+    for i in range(m):
+        if bit > stop:
+            return -1
+        if c == 1:
+            w = w0
+        else:
+            top = _peek(buf, bit)
+            if (top >> U64(63)) == U64(0):
+                w = w0
+                bit += 1
+            elif c == 2:
+                w = w1
+                bit += 1
+            elif (top >> U64(62)) == U64(0b10):
+                w = w1
+                bit += 2
+            else:
+                w = w2
+                bit += 2
+        if w <= 56:
+            z = _get(buf, bit, w)
+        else:
+            z = (_get(buf, bit, w - 32) << U64(32)) | _get(buf, bit + w - 32, 32)
+        bit += w
+        out[i] = _unzz(z)
+    if bit > stop:
+        return -1
+    return pos + np.int64(nbytes)
+
+
+# ---------------------------------------------------------------------------- columns
+
+
+@nb.njit(cache=True)
+def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, ints: np.ndarray,
+                z1: np.ndarray, z2: np.ndarray, hist: np.ndarray, w1: np.ndarray,
+                w2: np.ndarray) -> int:  # pragma: no cover - numba
+    n = col.size
+    same = True
+    for i in range(1, n):
+        if bits[i] != bits[0]:
+            same = False
+            break
+    e = _find_scale(col, bits, ints)
+    if same:
+        if e <= E_MAX:
+            buf[pos] = C_CONST_INT
+            buf[pos + 1] = np.uint8(e & 0xFF)
+            return _varint(buf, pos + 2, _zz(ints[0]))
+        buf[pos] = C_CONST
+        v = bits[0]
+        for j in range(8):
+            buf[pos + 1 + j] = np.uint8((v >> U64(8 * j)) & U64(0xFF))
+        return pos + 9
+    if e > E_MAX:
+        buf[pos] = C_XOR
+        return _enc_xor(bits, buf, pos + 1)
+    n0 = ints[0]
+    g = np.int64(0)
+    for i in range(1, n):
+        g = _gcd(g, abs(ints[i] - n0))
+    # m[i] = (ints[i] - n0) // g, deltas into z1 (n-1 values), dods into z2 (n-2 values)
+    prev = np.int64(0)
+    prev_d = np.int64(0)
+    d1 = np.int64(0)
+    for i in range(1, n):
+        mi = (ints[i] - n0) // g
+        d = mi - prev
+        z1[i - 1] = _zz(d)
+        if i == 1:
+            d1 = d
+        else:
+            z2[i - 2] = _zz(d - prev_d)
+        prev_d = d
+        prev = mi
+    c1, b1 = _plan_stream(z1, n - 1, hist, w1)
+    c2, b2 = _plan_stream(z2, n - 2, hist, w2)
+    cost1 = ((b1 + 7) // 8) * 8 + 8 * c1
+    cost2 = ((b2 + 7) // 8) * 8 + 8 * c2 + 8 * _varint_len(_zz(d1))
+    buf[pos + 1] = np.uint8(e & 0xFF)
+    p = _varint(buf, pos + 2, _zz(n0))
+    p = _varint(buf, p, U64(g))
+    if cost2 < cost1:
+        buf[pos] = C_DOD
+        p = _varint(buf, p, _zz(d1))
+        return _write_stream(z2, n - 2, c2, w2, b2, buf, p)
+    buf[pos] = C_DELTA
+    return _write_stream(z1, n - 1, c1, w1, b1, buf, p)
+
+
+@nb.njit(cache=True)
+def _skip_or_dec_column(buf: np.ndarray, pos: int, end: int, n: int, out: np.ndarray,
+                        tmp: np.ndarray, decode: bool) -> int:  # pragma: no cover - numba
+    """Decode (or just skip) one column at ``pos`` into the uint64 bit patterns ``out``."""
+    if pos >= end:
+        return -1
+    tag = buf[pos]
+    pos += 1
+    if tag == C_CONST:
+        if pos + 8 > end:
+            return -1
+        v = U64(0)
+        for j in range(8):
+            v |= U64(buf[pos + j]) << U64(8 * j)
+        if decode:
+            out[:n] = v
+        return pos + 8
+    if tag == C_XOR:
+        if not decode:
+            nbytes, p = _rvarint(buf, pos, end)
+            if p < 0 or p + np.int64(nbytes) > end:
+                return -1
+            return p + np.int64(nbytes)
+        return _dec_xor(buf, pos, end, n, out)
+    if tag != C_CONST_INT and tag != C_DELTA and tag != C_DOD:
+        return -1
+    if pos >= end:
+        return -1
+    e = np.int64(np.int8(buf[pos]))
+    if e < E_MIN or e > E_MAX:
+        return -1
+    zn0, pos = _rvarint(buf, pos + 1, end)
+    if pos < 0:
+        return -1
+    n0 = _unzz(zn0)
+    if tag == C_CONST_INT:
+        if decode:
+            out.view(np.float64)[:n] = _decode_scaled(n0, e)
+        return pos
+    ug, pos = _rvarint(buf, pos, end)
+    if pos < 0:
+        return -1
+    g = np.int64(ug)
+    d1 = np.int64(0)
+    if tag == C_DOD:
+        zd1, pos = _rvarint(buf, pos, end)
+        if pos < 0:
+            return -1
+        d1 = _unzz(zd1)
+    m = n - 1 if tag == C_DELTA else n - 2
+    if not decode:
+        nbytes, p = _rvarint(buf, pos, end)
+        if p < 0 or p >= end:
+            return -1
+        c = np.int64(buf[p])
+        p2 = p + 1 + c + np.int64(nbytes)
+        return -1 if c < 1 or c > 3 or p2 > end else p2
+    pos = _read_stream(buf, pos, end, m, tmp)
+    if pos < 0:
+        return -1
+    vals = out.view(np.float64)
+    acc = np.int64(0)
+    vals[0] = _decode_scaled(n0, e)
+    if tag == C_DELTA:
+        for i in range(1, n):
+            acc += tmp[i - 1]
+            vals[i] = _decode_scaled(n0 + g * acc, e)
+    else:
+        d = d1
+        acc = d1
+        if n > 1:
+            vals[1] = _decode_scaled(n0 + g * acc, e)
+        for i in range(2, n):
+            d += tmp[i - 2]
+            acc += d
+            vals[i] = _decode_scaled(n0 + g * acc, e)
+    return pos
+
+
+# ---------------------------------------------------------------------------- groups
+
+
+@nb.njit(cache=True)
+def _enc_group(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, pos: int) -> int:
+    # pragma: no cover - numba
+    """Encode one group (cols is (k, T) float64) at ``pos``; returns the new position."""
+    k = cols.shape[0]
+    n = ts.size
+    buf[pos] = VERSION
+    pos = _varint(buf, pos + 1, U64(k))
+    pos = _varint(buf, pos, U64(n))
+    if n == 0:
+        return pos
+    pos = _enc_ts(ts, buf, pos)
+    ints = np.empty(n, np.int64)
+    z1 = np.empty(max(n, 1), np.uint64)
+    z2 = np.empty(max(n, 1), np.uint64)
+    hist = np.zeros(66, np.int64)
+    w1 = np.zeros(3, np.int64)
+    w2 = np.zeros(3, np.int64)
+    for j in range(k):
+        col = cols[j]
+        pos = _enc_column(col, col.view(np.uint64), buf, pos, ints, z1, z2, hist, w1, w2)
+    return pos
+
+
+@nb.njit(cache=True)
+def _enc_groups(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, offsets: np.ndarray) -> None:
+    # pragma: no cover - numba
+    """ts (G, T), cols (G, k, T): every group into one buffer, offsets[G+1]."""
+    pos = 0
+    offsets[0] = 0
+    for gi in range(ts.shape[0]):
+        pos = _enc_group(ts[gi], cols[gi], buf, pos)
+        offsets[gi + 1] = pos
+
+
+@nb.njit(cache=True)
+def _dec_header(buf: np.ndarray, pos: int, end: int) -> tuple[int, int, int]:  # pragma: no cover
+    if pos >= end or buf[pos] != VERSION:
+        return -1, 0, 0
+    k, pos = _rvarint(buf, pos + 1, end)
+    if pos < 0:
+        return -1, 0, 0
+    n, pos = _rvarint(buf, pos, end)
+    if pos < 0 or k > U64(1 << 30) or n > U64(1 << 30):
+        return -1, 0, 0
+    return pos, np.int64(k), np.int64(n)
+
+
+@nb.njit(cache=True)
+def _dec_group(buf: np.ndarray, pos: int, end: int, which: np.ndarray, ts_out: np.ndarray,
+               out: np.ndarray) -> int:  # pragma: no cover - numba
+    """Decode the columns marked in ``which`` (k bools) of the group at ``pos``.
+
+    ``out`` is (count of marked, T) uint64; returns the end position or -1."""
+    pos, k, n = _dec_header(buf, pos, end)
+    if pos < 0:
+        return -1
+    if n == 0:
+        return pos
+    pos = _dec_ts(buf, pos, end, n, ts_out)
+    if pos < 0:
+        return -1
+    tmp = np.empty(n, np.int64)
+    r = 0
+    for j in range(k):
+        if which[j]:
+            pos = _skip_or_dec_column(buf, pos, end, n, out[r], tmp, True)
+            r += 1
+        else:
+            pos = _skip_or_dec_column(buf, pos, end, n, out[0], tmp, False)
+        if pos < 0:
+            return -1
+    return pos
+
+
+@nb.njit(cache=True)
+def _dec_groups(buf: np.ndarray, offsets: np.ndarray, ts_out: np.ndarray,
+                out: np.ndarray) -> int:  # pragma: no cover - numba
+    """Decode G groups of equal shape: ts_out (G, T), out (G, k, T); returns 0 or -1-index."""
+    k = out.shape[1]
+    which = np.ones(k, np.bool_)
+    for gi in range(offsets.size - 1):
+        p, kk, n = _dec_header(buf, offsets[gi], offsets[gi + 1])
+        if p < 0 or kk != k or n != ts_out.shape[1]:
+            return -1 - gi
+        if _dec_group(buf, offsets[gi], offsets[gi + 1], which, ts_out[gi], out[gi]) != offsets[
+                gi + 1]:
+            return -1 - gi
+    return 0
+
+
+@nb.njit(cache=True)
+def _enc_gorilla(ts: np.ndarray, bits: np.ndarray, buf: np.ndarray) -> int:  # pragma: no cover
+    pos = _varint(buf, 0, U64(ts.size))
+    if ts.size == 0:
+        return pos
+    pos = _enc_ts(ts, buf, pos)
+    buf[pos] = C_XOR
+    return _enc_xor(bits, buf, pos + 1)
+
+
+@nb.njit(cache=True)
+def _gorilla_sizes(ts: np.ndarray, cols: np.ndarray) -> int:  # pragma: no cover - numba
+    """Total plain-Gorilla bytes of every series of ts (G, T), cols (G, k, T)."""
+    n = ts.shape[1]
+    buf = np.zeros(n * 18 + 64, np.uint8)
+    total = 0
+    for gi in range(ts.shape[0]):
+        for j in range(cols.shape[1]):
+            total += _enc_gorilla(ts[gi], cols[gi, j].view(np.uint64), buf)
+    return total
+
+
+# ---------------------------------------------------------------------------- Python API
+
+
+def _bound(k: int, n: int) -> int:
+    """Upper bound of one group's encoded size."""
+    return 32 + (n * 9 + 32) + k * (n * 9 + 48)
+
+
+def _check_group(ts: npt.ArrayLike, values: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    t = np.ascontiguousarray(ts, dtype=np.int64)
+    v = np.asarray(values, dtype=np.float64)
+    if t.ndim != 1:
+        raise ValueError(f"ts must be 1-D, got shape {t.shape}")
+    if v.ndim == 1:
+        v = v.reshape(-1, 1)
+    if v.ndim != 2 or v.shape[0] != t.size:
+        raise ValueError(f"values must be (T, k) with T = {t.size}, got shape {v.shape}")
+    return t, np.ascontiguousarray(v.T)
+
+
+def encode_group(ts: npt.ArrayLike, values: npt.ArrayLike) -> bytes:
+    """Encode T timestamps (int64 ms) and ``values`` (float64, shape (T, k)) as one chunk."""
+    t, cols = _check_group(ts, values)
+    buf = np.zeros(_bound(cols.shape[0], t.size) + PAD, np.uint8)
+    end = _enc_group(t, cols, buf, 0)
+    return buf[:end].tobytes()
+
+
+def _padded(blob: bytes | np.ndarray) -> tuple[np.ndarray, int]:
+    raw = np.frombuffer(blob, dtype=np.uint8) if isinstance(blob, bytes | bytearray | memoryview) \
+        else np.asarray(blob, dtype=np.uint8)
+    buf = np.zeros(raw.size + PAD, np.uint8)
+    buf[:raw.size] = raw
+    return buf, raw.size
+
+
+def group_shape(blob: bytes) -> tuple[int, int]:
+    """(k, T) of an encoded group, read from its header."""
+    buf, end = _padded(blob[:24])
+    pos, k, n = _dec_header(buf, 0, end)
+    if pos < 0:
+        raise CodecError(f"not a chunk: bad header in {min(len(blob), 24)} leading bytes")
+    return k, n
+
+
+def decode_group(blob: bytes, columns: npt.ArrayLike | None = None
+                 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """Decode a chunk: ``(ts int64[T], values float64[T, c])`` for the chosen columns.
+
+    ``columns`` (indices into the group's k series, in any order, repeats allowed)
+    defaults to all. ``values`` is a transposed view of a (c, T) array.
+    """
+    buf, end = _padded(blob)
+    pos, k, n = _dec_header(buf, 0, end)
+    if pos < 0:
+        raise CodecError(f"not a chunk: bad header ({end} bytes)")
+    if columns is None:
+        cols = np.arange(k, dtype=np.int64)
+    else:
+        cols = np.asarray(columns, dtype=np.int64).reshape(-1)
+        if cols.size and (cols.min() < 0 or cols.max() >= k):
+            raise CodecError(f"column index out of range for a group of {k} series")
+    which = np.zeros(k, np.bool_)
+    which[cols] = True
+    uniq = np.flatnonzero(which)
+    ts = np.empty(n, np.int64)
+    out = np.empty((uniq.size, n), np.uint64)
+    got = _dec_group(buf, 0, end, which, ts, out)
+    if got != end:
+        raise CodecError(f"corrupt chunk of {end} bytes (k={k}, T={n}): decoding stopped at {got}")
+    vals = out.view(np.float64)
+    if not np.array_equal(uniq, cols):
+        vals = vals[np.searchsorted(uniq, cols)]
+    return ts, vals.T
+
+
+def encode_groups(ts: npt.ArrayLike, values: npt.ArrayLike
+                  ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """Encode G groups at once: ts (G, T) int64, values (G, T, k) float64.
+
+    Returns ``(buffer, offsets)``: group g is ``buffer[offsets[g]:offsets[g+1]]``, a
+    blob that :func:`decode_group` reads.
+    """
+    t = np.ascontiguousarray(ts, dtype=np.int64)
+    v = np.asarray(values, dtype=np.float64)
+    if t.ndim != 2 or v.ndim != 3 or v.shape[:2] != t.shape:
+        raise ValueError(f"want ts (G, T) and values (G, T, k), got {t.shape} and {v.shape}")
+    cols = np.ascontiguousarray(v.transpose(0, 2, 1))
+    g, n = t.shape
+    buf = np.zeros(g * _bound(cols.shape[1], n) + PAD, np.uint8)
+    offsets = np.zeros(g + 1, np.int64)
+    _enc_groups(t, cols, buf, offsets)
+    return buf[:offsets[-1]], offsets
+
+
+def decode_groups(buffer: npt.ArrayLike, offsets: npt.ArrayLike, k: int, n: int
+                  ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """Decode what :func:`encode_groups` wrote: ts (G, T), values (G, T, k) (a view)."""
+    buf, end = _padded(np.asarray(buffer, dtype=np.uint8))
+    off = np.ascontiguousarray(offsets, dtype=np.int64)
+    if off.ndim != 1 or off.size < 1 or off[-1] > end or np.any(np.diff(off) < 0):
+        raise CodecError(f"offsets do not fit a buffer of {end} bytes")
+    g = off.size - 1
+    ts = np.empty((g, n), np.int64)
+    out = np.empty((g, k, n), np.uint64)
+    rc = _dec_groups(buf, off, ts, out)
+    if rc != 0:
+        raise CodecError(f"group {-1 - rc} of {g} is corrupt or not of shape k={k}, T={n}")
+    return ts, out.view(np.float64).transpose(0, 2, 1)
+
+
+def encode_gorilla(ts: npt.ArrayLike, values: npt.ArrayLike) -> bytes:
+    """Plain Gorilla of one series (the baseline): own timestamps, XOR values."""
+    t = np.ascontiguousarray(ts, dtype=np.int64)
+    v = np.ascontiguousarray(values, dtype=np.float64)
+    if t.ndim != 1 or v.shape != t.shape:
+        raise ValueError(f"ts and values must be 1-D of one length, got {t.shape}, {v.shape}")
+    buf = np.zeros(t.size * 18 + 64, np.uint8)
+    return buf[:_enc_gorilla(t, v.view(np.uint64), buf)].tobytes()
+
+
+def decode_gorilla(blob: bytes) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """Inverse of :func:`encode_gorilla`."""
+    buf, end = _padded(blob)
+    n, pos = _rvarint(buf, 0, end)
+    if pos < 0 or n > (1 << 30):
+        raise CodecError(f"not a Gorilla series: bad length ({end} bytes)")
+    ts = np.empty(int(n), np.int64)
+    out = np.empty(int(n), np.uint64)
+    if n:
+        pos = _dec_ts(buf, pos, end, int(n), ts)
+        if pos < 0 or pos >= end or buf[pos] != C_XOR:
+            raise CodecError(f"corrupt Gorilla series ({end} bytes)")
+        pos = _dec_xor(buf, pos + 1, end, int(n), out)
+    if pos != end:
+        raise CodecError(f"corrupt Gorilla series ({end} bytes): stopped at {pos}")
+    return ts, out.view(np.float64)
+
+
+def gorilla_bytes(ts: npt.ArrayLike, values: npt.ArrayLike) -> int:
+    """Plain-Gorilla size of every series of ts (G, T), values (G, T, k), without copies."""
+    t = np.ascontiguousarray(ts, dtype=np.int64)
+    v = np.asarray(values, dtype=np.float64)
+    return int(_gorilla_sizes(t, np.ascontiguousarray(v.transpose(0, 2, 1))))
+
+
+def column_tags(blob: bytes) -> list[int]:
+    """The encoding tag of each column of a chunk (for statistics and tests)."""
+    buf, end = _padded(blob)
+    pos, k, n = _dec_header(buf, 0, end)
+    if pos < 0:
+        raise CodecError("not a chunk")
+    if n == 0:
+        return []
+    ts = np.empty(n, np.int64)
+    pos = _dec_ts(buf, pos, end, n, ts)
+    tags: list[int] = []
+    tmp = np.empty(n, np.int64)
+    scratch = np.empty(n, np.uint64)
+    for _ in range(k):
+        if pos < 0:
+            raise CodecError("corrupt chunk")
+        tags.append(np.int64(buf[pos]))
+        pos = _skip_or_dec_column(buf, pos, end, n, scratch, tmp, False)
+    return tags

@@ -1,0 +1,163 @@
+"""Append-only segment files: CRC-checked chunk records, torn-tail recovery, an index.
+
+One segment file holds the chunks of one tier whose first timestamp falls in
+``[start_ms, start_ms + span_ms)``; chunks never cross a segment boundary, so retention
+deletes whole files.
+
+Byte layout (little-endian)::
+
+    file   := file_header record*
+    file_header (32 B) := b"FPSEG001" | i64 start_ms | i64 span_ms | u32 crc32(previous 24 B)
+                          | u32 reserved (0)
+    record := u32 magic 0x52435046 ("FPCR") | u32 body_len | u32 crc32(body) | body
+    body   := u8 kind (1 sealed, 2 partial) | u8 reserved | u16 reserved | u32 k | u32 n
+              | i64 t_min | i64 t_max | i64 chunk_key | i64 series_ids[k] | codec blob
+
+``kind`` says whether the record holds a whole chunk (sealed) or the samples of an open
+chunk made durable by a flush (partial); ``chunk_key`` (the chunk's first timestamp) lets
+compaction drop partial records once their chunk is sealed. The codec blob is
+:func:`aggregator.store.codec.encode_group` output (self-describing).
+
+Recovery: :func:`scan_segment` walks the records; the first one that is short, has a bad
+magic, or fails its CRC ends the valid prefix and the file is truncated there (a crash can
+only tear the tail of an append-only file; anything after a bad record is unreachable).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Final
+
+import numpy as np
+import numpy.typing as npt
+
+FILE_MAGIC: Final = b"FPSEG001"
+FILE_HEADER: Final = struct.Struct("<8sqqII")
+RECORD_MAGIC: Final = 0x52435046
+RECORD_HEADER: Final = struct.Struct("<III")
+BODY_HEADER: Final = struct.Struct("<BBHIIqqq")
+KIND_SEALED: Final = 1
+KIND_PARTIAL: Final = 2
+MAX_BODY: Final = 1 << 30
+
+
+class SegmentError(Exception):
+    """A segment file's header is unreadable (not a torn tail: the file is not ours)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordInfo:
+    """Where one record lies and what it covers (the in-memory index entry)."""
+
+    offset: int
+    """File offset of the record header."""
+    length: int
+    """Whole record length, header included."""
+    kind: int
+    n: int
+    t_min: int
+    t_max: int
+    chunk_key: int
+    series_ids: npt.NDArray[np.int64]
+
+
+def segment_name(start_ms: int) -> str:
+    """File name of the segment starting at ``start_ms`` (sorts by time; negative allowed)."""
+    return f"seg{start_ms:+021d}.fps"
+
+
+def parse_segment_name(name: str) -> int | None:
+    if not (name.startswith("seg") and name.endswith(".fps")):
+        return None
+    try:
+        return int(name[3:-4])
+    except ValueError:
+        return None
+
+
+def write_file_header(start_ms: int, span_ms: int) -> bytes:
+    head = FILE_HEADER.pack(FILE_MAGIC, start_ms, span_ms, 0, 0)[:24]
+    return head + struct.pack("<II", zlib.crc32(head), 0)
+
+
+def encode_record(kind: int, series_ids: npt.NDArray[np.int64], n: int, t_min: int, t_max: int,
+                  chunk_key: int, blob: bytes) -> bytes:
+    """One framed record ready to append."""
+    ids = np.ascontiguousarray(series_ids, dtype="<i8")
+    body = b"".join((BODY_HEADER.pack(kind, 0, 0, ids.size, n, t_min, t_max, chunk_key),
+                     ids.tobytes(), blob))
+    return RECORD_HEADER.pack(RECORD_MAGIC, len(body), zlib.crc32(body)) + body
+
+
+def decode_record_body(body: bytes) -> tuple[RecordInfo, bytes]:
+    """Split a CRC-verified body into its index entry (offset 0) and codec blob."""
+    kind, _, _, k, n, t_min, t_max, chunk_key = BODY_HEADER.unpack_from(body, 0)
+    start = BODY_HEADER.size
+    ids = np.frombuffer(body, dtype="<i8", count=k, offset=start).astype(np.int64)
+    blob = body[start + 8 * k:]
+    return RecordInfo(0, 0, kind, n, t_min, t_max, chunk_key, ids), blob
+
+
+def read_record_blob(f: BinaryIO, offset: int, length: int) -> bytes:
+    """Read and CRC-check one record at ``offset``; returns its codec blob."""
+    f.seek(offset)
+    raw = f.read(length)
+    magic, body_len, crc = RECORD_HEADER.unpack_from(raw, 0)
+    body = raw[RECORD_HEADER.size:]
+    if magic != RECORD_MAGIC or len(body) != body_len or zlib.crc32(body) != crc:
+        raise SegmentError(f"record at offset {offset} failed its check on read")
+    return decode_record_body(body)[1]
+
+
+def scan_segment(path: Path, truncate: bool = True) -> tuple[int, int, list[RecordInfo]]:
+    """Index a segment file, truncating a torn tail. Returns (start_ms, span_ms, records).
+
+    Raises :class:`SegmentError` when the 32-byte file header itself is bad (the caller
+    decides what to do with a file it cannot identify; an empty or short file left by a
+    crash during creation is reported the same way).
+    """
+    records: list[RecordInfo] = []
+    with open(path, "rb") as f:
+        head = f.read(FILE_HEADER.size)
+        if len(head) < FILE_HEADER.size:
+            raise SegmentError(f"{path}: short file header ({len(head)} bytes)")
+        magic, start_ms, span_ms, crc, _ = FILE_HEADER.unpack(head)
+        if magic != FILE_MAGIC or zlib.crc32(head[:24]) != crc:
+            raise SegmentError(f"{path}: bad file header")
+        offset = FILE_HEADER.size
+        while True:
+            rh = f.read(RECORD_HEADER.size)
+            if not rh:
+                break
+            if len(rh) < RECORD_HEADER.size:
+                break
+            magic, body_len, crc = RECORD_HEADER.unpack(rh)
+            if magic != RECORD_MAGIC or body_len > MAX_BODY or body_len < BODY_HEADER.size:
+                break
+            body = f.read(body_len)
+            if len(body) < body_len or zlib.crc32(body) != crc:
+                break
+            info, _ = decode_record_body(body)
+            length = RECORD_HEADER.size + body_len
+            records.append(RecordInfo(offset, length, info.kind, info.n, info.t_min,
+                                      info.t_max, info.chunk_key, info.series_ids))
+            offset += length
+        size = os.fstat(f.fileno()).st_size
+    if truncate and size > offset:
+        with open(path, "r+b") as f:
+            f.truncate(offset)
+            os.fsync(f.fileno())
+    return start_ms, span_ms, records
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a file creation, rename or deletion in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

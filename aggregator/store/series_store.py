@@ -1,0 +1,584 @@
+"""The series store: tiers of segment files, an in-memory head of open chunks, reads.
+
+Write path: :meth:`SeriesStore.append` copies a group's samples into its open head chunk;
+a chunk is sealed (encoded with :mod:`aggregator.store.codec` and appended to its segment
+file as one record) when it holds ``chunk_samples`` samples or the next sample falls into
+another segment. :meth:`SeriesStore.flush` makes the still-open part durable too, as a
+*partial* record of only the samples appended since the last flush, then fsyncs every file
+written and every directory changed. So a flush costs bytes proportional to what was
+appended, not to the open chunk, and data is never held only in memory past a flush.
+
+Partial records are superseded once their chunk is sealed; :meth:`SeriesStore.compact`
+rewrites finished segments without them (write, fsync, rename). Until then reads see both
+and the "last write wins" rule (see the package docstring) makes the overlap harmless.
+
+Read path: an in-memory index per segment (rebuilt at open by scanning record headers,
+which also truncates torn tails) holds, columnar, each record's time range and which series
+it contains; a read decodes only the wanted columns of only the overlapping records, adds
+the head's samples, then orders by time and keeps the last write per timestamp.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from aggregator.store import codec
+from aggregator.store.downsample import REDUCERS, reduce_buckets
+from aggregator.store.segment import (
+    FILE_HEADER,
+    KIND_PARTIAL,
+    KIND_SEALED,
+    RecordInfo,
+    SegmentError,
+    encode_record,
+    fsync_dir,
+    parse_segment_name,
+    read_record_blob,
+    scan_segment,
+    segment_name,
+    write_file_header,
+)
+
+__all__ = ["DEFAULT_TIERS", "ReadResult", "SeriesStore", "StoreConfig", "StoreError", "TierSpec"]
+
+_HOUR: Final = 3_600_000
+_DAY: Final = 24 * _HOUR
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+class StoreError(Exception):
+    """Bad arguments (shapes, unknown tier) or a store directory that cannot be used."""
+
+
+@dataclass(frozen=True, slots=True)
+class TierSpec:
+    """One tier: a series space with its own resolution, retention and segment span."""
+
+    name: str
+    """Tier name used in every call ("raw", "10s", ...)."""
+    resolution_ms: int
+    """Bucket width of the tier's samples; 0 for raw samples. Used by downsample()."""
+    retention_ms: int
+    """Segments whose whole span is older than this are deleted; 0 keeps forever."""
+    segment_ms: int
+    """Time span of one segment file, the unit of retention."""
+
+    def validate(self) -> None:
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise StoreError(f"tier name {self.name!r} is not a plain directory name")
+        if self.resolution_ms < 0 or self.retention_ms < 0 or self.segment_ms <= 0:
+            raise StoreError(f"tier {self.name}: negative resolution/retention or empty span")
+
+
+DEFAULT_TIERS: Final[tuple[TierSpec, ...]] = (
+    TierSpec("raw", 0, 12 * _HOUR, 2 * _HOUR),
+    TierSpec("10s", 10_000, 7 * _DAY, 12 * _HOUR),
+    TierSpec("1m", 60_000, 35 * _DAY, 2 * _DAY),
+    TierSpec("1h", _HOUR, 400 * _DAY, 30 * _DAY),
+    TierSpec("1d", _DAY, 5 * 365 * _DAY, 365 * _DAY),
+)
+"""Raw for hours, 10 s and 1 min for days, 1 h for months, 1 d for years (DESIGN.md)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreConfig:
+    """Where and how the store keeps its data."""
+
+    path: str = "data/store"
+    """Store directory (created if missing); one writer process at a time."""
+    tiers: tuple[TierSpec, ...] = DEFAULT_TIERS
+    """The tiers, finest first."""
+    chunk_samples: int = 120
+    """Samples per sealed chunk (per group); larger compresses better, reads coarser."""
+    fsync: bool = True
+    """fsync on flush(); turn off only for throwaway benchmarks."""
+
+    def validate(self) -> None:
+        if not self.tiers:
+            raise StoreError("store.tiers: at least one tier is needed")
+        names = [t.name for t in self.tiers]
+        if len(set(names)) != len(names):
+            raise StoreError(f"store.tiers: duplicate tier names {names}")
+        for t in self.tiers:
+            t.validate()
+        if not 2 <= self.chunk_samples <= 65_536:
+            raise StoreError(f"store.chunk_samples must be in [2, 65536], not {self.chunk_samples}")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Samples of several series in CSR form: series ``i`` is ``ts[offsets[i]:offsets[i+1]]``.
+
+    Within a series samples are ordered by time, one per timestamp.
+    """
+
+    series_ids: I64
+    offsets: I64
+    ts: I64
+    values: F64
+
+    def series(self, i: int) -> tuple[I64, F64]:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return self.ts[a:b], self.values[a:b]
+
+    @property
+    def counts(self) -> I64:
+        return np.diff(self.offsets)
+
+
+@dataclass(slots=True)
+class _Segment:
+    """One segment file and its columnar record index."""
+
+    path: Path
+    start_ms: int
+    span_ms: int
+    rec_offset: list[int] = field(default_factory=list)
+    rec_length: list[int] = field(default_factory=list)
+    rec_kind: list[int] = field(default_factory=list)
+    rec_tmin: list[int] = field(default_factory=list)
+    rec_tmax: list[int] = field(default_factory=list)
+    rec_chunk_key: list[int] = field(default_factory=list)
+    rec_ids: list[I64] = field(default_factory=list)
+    size: int = 0
+    write_fd: int = -1
+    dirty: bool = False
+    _members: tuple[I64, I64, I64] | None = None
+
+    @property
+    def end_ms(self) -> int:
+        return self.start_ms + self.span_ms
+
+    def add(self, info: RecordInfo) -> None:
+        self.rec_offset.append(info.offset)
+        self.rec_length.append(info.length)
+        self.rec_kind.append(info.kind)
+        self.rec_tmin.append(info.t_min)
+        self.rec_tmax.append(info.t_max)
+        self.rec_chunk_key.append(info.chunk_key)
+        self.rec_ids.append(info.series_ids)
+        self._members = None
+
+    def members(self) -> tuple[I64, I64, I64]:
+        """(series id, record index, column) for every series of every record."""
+        if self._members is None:
+            if self.rec_ids:
+                sid = np.concatenate(self.rec_ids)
+                sizes = np.fromiter((a.size for a in self.rec_ids), np.int64, len(self.rec_ids))
+                rec = np.repeat(np.arange(len(self.rec_ids), dtype=np.int64), sizes)
+                starts = np.cumsum(sizes) - sizes
+                col = np.arange(sid.size, dtype=np.int64) - np.repeat(starts, sizes)
+            else:
+                sid = rec = col = np.zeros(0, np.int64)
+            self._members = (sid, rec, col)
+        return self._members
+
+    def close_writer(self) -> None:
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+
+@dataclass(slots=True)
+class _HeadGroup:
+    """The open chunk of one group: preallocated columns filled up to ``n``."""
+
+    ids: I64
+    ts: I64
+    values: F64
+    seg_start: int = 0
+    n: int = 0
+    flushed: int = 0
+
+
+class SeriesStore:
+    """Tiered, compressed, crash-safe storage of float64 series (see the package docstring)."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        config.validate()
+        self.config = config
+        self.root = Path(config.path)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            raise StoreError(f"{self.root} is locked by another writer") from exc
+        self.tiers = {t.name: t for t in config.tiers}
+        self._segments: dict[str, dict[int, _Segment]] = {}
+        self._head: dict[str, dict[bytes, _HeadGroup]] = {t.name: {} for t in config.tiers}
+        self._head_by_sid: dict[str, dict[int, tuple[bytes, int]]] = {
+            t.name: {} for t in config.tiers}
+        self._dirty_dirs: set[Path] = set()
+        self.truncated_bytes = 0
+        """Bytes of torn tails cut off while opening (0 after a clean shutdown)."""
+        for spec in config.tiers:
+            self._open_tier(spec)
+        self._closed = False
+
+    # ------------------------------------------------------------------ opening
+    def _open_tier(self, spec: TierSpec) -> None:
+        tdir = self.root / spec.name
+        tdir.mkdir(exist_ok=True)
+        segs: dict[int, _Segment] = {}
+        for entry in sorted(tdir.iterdir()):
+            start = parse_segment_name(entry.name)
+            if start is None:
+                continue
+            size_before = entry.stat().st_size
+            if size_before < FILE_HEADER.size:
+                entry.unlink()  # torn while being created: it never held a record
+                self._dirty_dirs.add(tdir)
+                continue
+            try:
+                s0, span, records = scan_segment(entry)
+            except SegmentError as exc:
+                raise StoreError(str(exc)) from exc
+            seg = _Segment(entry, s0, span)
+            for r in records:
+                seg.add(r)
+            seg.size = entry.stat().st_size
+            self.truncated_bytes += size_before - seg.size
+            segs[s0] = seg
+        self._segments[spec.name] = segs
+
+    def _spec(self, tier: str) -> TierSpec:
+        try:
+            return self.tiers[tier]
+        except KeyError:
+            raise StoreError(f"unknown tier {tier!r}; have {sorted(self.tiers)}") from None
+
+    # ------------------------------------------------------------------ writing
+    def append(self, tier: str, series_ids: npt.ArrayLike, ts: npt.ArrayLike,
+               values: npt.ArrayLike) -> None:
+        """Append T ticks of a group of k series sharing timestamps.
+
+        ``series_ids`` int64[k] (distinct), ``ts`` int64[T] in ms, ``values`` float64[T, k].
+        Not durable until :meth:`flush` returns.
+        """
+        self._check_open()
+        spec = self._spec(tier)
+        ids = np.ascontiguousarray(series_ids, dtype=np.int64)
+        t = np.ascontiguousarray(ts, dtype=np.int64)
+        v = np.asarray(values, dtype=np.float64)
+        if ids.ndim != 1 or ids.size == 0:
+            raise StoreError(f"series_ids must be a non-empty 1-D array, got shape {ids.shape}")
+        if t.ndim != 1 or v.shape != (t.size, ids.size):
+            raise StoreError(f"shapes disagree: ts {t.shape}, values {v.shape}, "
+                             f"series_ids {ids.shape} (want values (T, k))")
+        if t.size == 0:
+            return
+        key = ids.tobytes()
+        head = self._head[tier]
+        group = head.get(key)
+        if group is None:
+            if np.unique(ids).size != ids.size:
+                raise StoreError("series_ids of a group must be distinct")
+            cap = self.config.chunk_samples
+            group = _HeadGroup(ids.copy(), np.empty(cap, np.int64), np.empty((cap, ids.size)))
+            head[key] = group
+            by_sid = self._head_by_sid[tier]
+            for col, sid in enumerate(ids.tolist()):
+                by_sid[sid] = (key, col)
+        seg_of = np.floor_divide(t, spec.segment_ms) * spec.segment_ms
+        cuts = np.flatnonzero(np.diff(seg_of)) + 1
+        bounds = [0, *cuts.tolist(), t.size]
+        cap = group.ts.size
+        for a, b in itertools.pairwise(bounds):
+            seg = int(seg_of[a])
+            if group.n and group.seg_start != seg:
+                self._seal(tier, spec, group)
+            group.seg_start = seg
+            i = a
+            while i < b:
+                m = min(cap - group.n, b - i)
+                group.ts[group.n:group.n + m] = t[i:i + m]
+                group.values[group.n:group.n + m] = v[i:i + m]
+                group.n += m
+                i += m
+                if group.n == cap:
+                    self._seal(tier, spec, group)
+
+    def _seal(self, tier: str, spec: TierSpec, group: _HeadGroup) -> None:
+        if group.n:
+            self._write(tier, spec, group, KIND_SEALED, 0, group.n)
+        group.n = group.flushed = 0
+
+    def _write(self, tier: str, spec: TierSpec, group: _HeadGroup, kind: int, a: int,
+               b: int) -> None:
+        ts = group.ts[a:b]
+        blob = codec.encode_group(ts, group.values[a:b])
+        rec = encode_record(kind, group.ids, b - a, int(ts.min()), int(ts.max()),
+                            int(group.ts[0]), blob)
+        seg = self._segment_for_write(tier, spec, group.seg_start)
+        offset = seg.size
+        os.write(seg.write_fd, rec)
+        seg.size += len(rec)
+        seg.dirty = True
+        seg.add(RecordInfo(offset, len(rec), kind, b - a, int(ts.min()), int(ts.max()),
+                           int(group.ts[0]), group.ids))
+
+    def _segment_for_write(self, tier: str, spec: TierSpec, start: int) -> _Segment:
+        segs = self._segments[tier]
+        seg = segs.get(start)
+        if seg is None:
+            path = self.root / tier / segment_name(start)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, write_file_header(start, spec.segment_ms))
+            seg = _Segment(path, start, spec.segment_ms, size=FILE_HEADER.size, write_fd=fd)
+            segs[start] = seg
+            self._dirty_dirs.add(path.parent)
+        elif seg.write_fd < 0:
+            seg.write_fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND)
+        return seg
+
+    def flush(self) -> None:
+        """Make every sample appended so far durable; returns after the fsyncs."""
+        self._check_open()
+        for tier, head in self._head.items():
+            spec = self.tiers[tier]
+            for group in head.values():
+                if group.n > group.flushed:
+                    self._write(tier, spec, group, KIND_PARTIAL, group.flushed, group.n)
+                    group.flushed = group.n
+        for segs in self._segments.values():
+            newest = max(segs) if segs else 0
+            for seg in segs.values():
+                if seg.dirty:
+                    if self.config.fsync:
+                        os.fsync(seg.write_fd)
+                    seg.dirty = False
+                if seg.start_ms < newest:  # older segments rarely get writes: free the fd
+                    seg.close_writer()
+        if self.config.fsync:
+            for d in self._dirty_dirs:
+                fsync_dir(d)
+        self._dirty_dirs.clear()
+
+    # ------------------------------------------------------------------ reading
+    def read(self, tier: str, series_ids: npt.ArrayLike, start_ms: int, end_ms: int) -> ReadResult:
+        """Samples of ``series_ids`` with ``start_ms <= ts < end_ms`` (flushed or not)."""
+        self._check_open()
+        self._spec(tier)
+        wanted = np.ascontiguousarray(series_ids, dtype=np.int64).reshape(-1)
+        order = np.argsort(wanted, kind="stable")
+        sorted_wanted = wanted[order]
+        pieces: list[list[tuple[I64, F64]]] = [[] for _ in range(wanted.size)]
+
+        def slot(sids: I64) -> I64:
+            pos = np.searchsorted(sorted_wanted, sids)
+            return order[np.minimum(pos, max(wanted.size - 1, 0))]
+
+        for start in sorted(self._segments[tier]):
+            seg = self._segments[tier][start]
+            if seg.end_ms <= start_ms or seg.start_ms >= end_ms or not seg.rec_ids:
+                continue
+            sid, rec, col = seg.members()
+            hit = np.isin(sid, wanted)
+            if not hit.any():
+                continue
+            tmin = np.asarray(seg.rec_tmin, np.int64)
+            tmax = np.asarray(seg.rec_tmax, np.int64)
+            rec_hit = rec[hit]
+            keep = (tmax[rec_hit] >= start_ms) & (tmin[rec_hit] < end_ms)
+            rec_hit, col_hit, sid_hit = rec_hit[keep], col[hit][keep], sid[hit][keep]
+            if rec_hit.size == 0:
+                continue
+            with open(seg.path, "rb") as f:
+                for r in np.unique(rec_hit).tolist():
+                    sel = rec_hit == r
+                    cols = col_hit[sel]
+                    blob = read_record_blob(f, seg.rec_offset[r], seg.rec_length[r])
+                    ts, vals = codec.decode_group(blob, cols)
+                    for j, w in enumerate(slot(sid_hit[sel]).tolist()):
+                        pieces[w].append((ts, vals[:, j]))
+        by_sid = self._head_by_sid[tier]
+        head = self._head[tier]
+        for w, sid_ in enumerate(wanted.tolist()):
+            hit_ = by_sid.get(sid_)
+            if hit_ is not None:
+                g = head[hit_[0]]
+                if g.n:
+                    pieces[w].append((g.ts[:g.n].copy(), g.values[:g.n, hit_[1]].copy()))
+        return _assemble(wanted, pieces, start_ms, end_ms)
+
+    def series_ids(self, tier: str) -> I64:
+        """Every series id with data in ``tier`` (on disk or in the head), sorted."""
+        self._check_open()
+        parts = [seg.members()[0] for seg in self._segments[self._spec(tier).name].values()]
+        parts.append(np.fromiter(self._head_by_sid[tier].keys(), np.int64))
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+
+    # ------------------------------------------------------------------ tiers
+    def downsample(self, src_tier: str, dst_tier: str, series_ids: npt.ArrayLike,
+                   reducer: str, start_ms: int, end_ms: int) -> int:
+        """Derive ``dst_tier`` buckets in [start_ms, end_ms) from ``src_tier`` samples.
+
+        Each series is reduced on its own (``reducer`` in :data:`REDUCERS`: count, sum, min,
+        max, last) into buckets of the destination tier's resolution, stamped with the
+        bucket start, and appended under the same series id. Re-running a range rewrites the
+        same points (last write wins). Returns the number of points appended.
+        """
+        dst = self._spec(dst_tier)
+        self._spec(src_tier)
+        if reducer not in REDUCERS:
+            raise StoreError(f"unknown reducer {reducer!r}; have {REDUCERS}")
+        res = dst.resolution_ms
+        if res <= 0 or start_ms % res or end_ms % res:
+            raise StoreError(f"downsample to {dst_tier}: range must align to {res} ms buckets")
+        data = self.read(src_tier, series_ids, start_ms, end_ms)
+        bts, bvals, boff = reduce_buckets(data.ts, data.values, data.offsets, res, reducer)
+        groups: dict[bytes, list[int]] = {}
+        for i in range(data.series_ids.size):
+            a, b = int(boff[i]), int(boff[i + 1])
+            if b > a:
+                groups.setdefault(bts[a:b].tobytes(), []).append(i)
+        total = 0
+        for members in groups.values():
+            a0, b0 = int(boff[members[0]]), int(boff[members[0] + 1])
+            cols = np.stack([bvals[boff[i]:boff[i + 1]] for i in members], axis=1)
+            self.append(dst_tier, data.series_ids[members], bts[a0:b0], cols)
+            total += cols.size
+        return total
+
+    def enforce_retention(self, now_ms: int) -> int:
+        """Delete every segment whose whole span is past its tier's retention; returns count."""
+        self._check_open()
+        deleted = 0
+        for tier, spec in self.tiers.items():
+            if spec.retention_ms <= 0:
+                continue
+            horizon = now_ms - spec.retention_ms
+            segs = self._segments[tier]
+            for start in [s for s, seg in segs.items() if seg.end_ms <= horizon]:
+                seg = segs.pop(start)
+                seg.close_writer()
+                seg.path.unlink(missing_ok=True)
+                self._dirty_dirs.add(seg.path.parent)
+                deleted += 1
+            for g in self._head[tier].values():
+                if g.n and g.seg_start + spec.segment_ms <= horizon:
+                    g.n = g.flushed = 0
+        if deleted and self.config.fsync:
+            for d in self._dirty_dirs:
+                fsync_dir(d)
+            self._dirty_dirs.clear()
+        return deleted
+
+    def compact(self, now_ms: int) -> int:
+        """Seal chunks of ended segments and rewrite those segments without superseded
+        partial records (atomic rename). Returns the number of segments rewritten."""
+        self._check_open()
+        rewritten = 0
+        for tier, spec in self.tiers.items():
+            for g in self._head[tier].values():
+                if g.n and g.seg_start + spec.segment_ms <= now_ms:
+                    self._seal(tier, spec, g)
+            self.flush()
+            for seg in list(self._segments[tier].values()):
+                if seg.end_ms > now_ms or KIND_PARTIAL not in seg.rec_kind:
+                    continue
+                self._rewrite(seg)
+                rewritten += 1
+        return rewritten
+
+    def _rewrite(self, seg: _Segment) -> None:
+        sealed = {(seg.rec_ids[i].tobytes(), seg.rec_chunk_key[i])
+                  for i, k in enumerate(seg.rec_kind) if k == KIND_SEALED}
+        keep = [i for i, k in enumerate(seg.rec_kind)
+                if k == KIND_SEALED or (seg.rec_ids[i].tobytes(), seg.rec_chunk_key[i]) not in sealed]
+        seg.close_writer()
+        tmp = seg.path.with_suffix(".tmp")
+        new = _Segment(seg.path, seg.start_ms, seg.span_ms)
+        with open(seg.path, "rb") as src, open(tmp, "wb") as dst:
+            dst.write(write_file_header(seg.start_ms, seg.span_ms))
+            offset = FILE_HEADER.size
+            for i in keep:
+                src.seek(seg.rec_offset[i])
+                raw = src.read(seg.rec_length[i])
+                dst.write(raw)
+                new.add(RecordInfo(offset, len(raw), seg.rec_kind[i], 0, seg.rec_tmin[i],
+                                   seg.rec_tmax[i], seg.rec_chunk_key[i], seg.rec_ids[i]))
+                offset += len(raw)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, seg.path)
+        fsync_dir(seg.path.parent)
+        new.size = offset
+        for name in ("rec_offset", "rec_length", "rec_kind", "rec_tmin", "rec_tmax",
+                     "rec_chunk_key", "rec_ids"):
+            setattr(seg, name, getattr(new, name))
+        seg.size = offset
+        seg._members = None
+
+    def disk_bytes(self, tier: str | None = None) -> int:
+        """Bytes of segment files (all tiers, or one)."""
+        tiers = [tier] if tier else list(self.tiers)
+        return sum(seg.size for t in tiers for seg in self._segments[t].values())
+
+    def close(self) -> None:
+        """Seal every open chunk, flush, and release the directory lock."""
+        if self._closed:
+            return
+        for tier, head in self._head.items():
+            for g in head.values():
+                self._seal(tier, self.tiers[tier], g)
+        self.flush()
+        for segs in self._segments.values():
+            for seg in segs.values():
+                seg.close_writer()
+        os.close(self._lock_fd)
+        self._closed = True
+
+    def __enter__(self) -> SeriesStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if getattr(self, "_closed", False):
+            raise StoreError("the store is closed")
+
+
+def _assemble(wanted: I64, pieces: list[list[tuple[I64, F64]]], start_ms: int,
+              end_ms: int) -> ReadResult:
+    """Concatenate each series' pieces, keep [start, end), order by time, last write wins."""
+    out_ts: list[I64] = []
+    out_v: list[F64] = []
+    counts = np.zeros(wanted.size, np.int64)
+    for w, parts in enumerate(pieces):
+        if not parts:
+            continue
+        ts = np.concatenate([p[0] for p in parts])
+        vals = np.concatenate([p[1] for p in parts])
+        m = (ts >= start_ms) & (ts < end_ms)
+        ts, vals = ts[m], vals[m]
+        if ts.size == 0:
+            continue
+        seq = np.arange(ts.size)
+        o = np.lexsort((seq, ts))
+        ts, vals = ts[o], vals[o]
+        last = np.ones(ts.size, bool)
+        last[:-1] = ts[1:] != ts[:-1]
+        out_ts.append(ts[last])
+        out_v.append(vals[last])
+        counts[w] = int(last.sum())
+    offsets = np.zeros(wanted.size + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return ReadResult(
+        wanted.copy(), offsets,
+        np.concatenate(out_ts) if out_ts else np.zeros(0, np.int64),
+        np.concatenate(out_v) if out_v else np.zeros(0, np.float64),
+    )

@@ -1,0 +1,213 @@
+"""The series store on real files: round trips, tiers, retention, downsampling, kill -9."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from aggregator.store import SeriesStore, StoreConfig, StoreError, TierSpec, reduce_buckets
+from aggregator.store.segment import scan_segment
+
+H = 3_600_000
+TIERS = (
+    TierSpec("raw", 0, 4 * H, H),
+    TierSpec("10s", 10_000, 48 * H, 6 * H),
+)
+
+
+def _store(path: Path, chunk: int = 120, **kw: object) -> SeriesStore:
+    return SeriesStore(StoreConfig(path=str(path), tiers=TIERS, chunk_samples=chunk, **kw))
+
+
+def _group(t0: int, n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ts = t0 + np.arange(n, dtype=np.int64) * 1000 + rng.integers(0, 5, n)
+    vals = np.round(rng.normal(300, 5, (n, k)) * 1000) / 1000
+    vals[:, 0] = np.nan  # not sampled
+    return ts, vals
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float64).view(np.uint64)
+
+
+def test_round_trip_across_chunks_segments_head_and_reopen(tmp_path: Path) -> None:
+    ids = np.array([10, 11, 12, 13], np.int64)
+    ts, vals = _group(H - 300_000, 1000, 4, 1)  # crosses a segment boundary
+    with _store(tmp_path) as st:
+        st.append("raw", ids, ts[:500], vals[:500])
+        st.flush()
+        st.append("raw", ids, ts[500:], vals[500:])  # part stays in the head, unflushed
+        r = st.read("raw", ids[[2, 0]], 0, 10 * H)
+        assert r.counts.tolist() == [1000, 1000]
+        assert np.array_equal(r.series(0)[0], ts)
+        assert np.array_equal(_bits(r.series(0)[1]), _bits(vals[:, 2]))
+        assert np.array_equal(_bits(r.series(1)[1]), _bits(vals[:, 0]))
+    assert len(list((tmp_path / "raw").glob("*.fps"))) == 2
+    with _store(tmp_path) as st:
+        assert st.truncated_bytes == 0
+        r = st.read("raw", ids, int(ts[100]), int(ts[900]))
+        assert r.counts.tolist() == [800] * 4
+        assert np.array_equal(_bits(r.values[r.offsets[3]:]), _bits(vals[100:900, 3]))
+        assert st.series_ids("raw").tolist() == ids.tolist()
+
+
+def test_last_write_wins_and_unknown_series(tmp_path: Path) -> None:
+    ids = np.array([1, 2], np.int64)
+    ts = np.arange(10, dtype=np.int64) * 1000
+    with _store(tmp_path, chunk=4) as st:
+        st.append("raw", ids, ts, np.zeros((10, 2)))
+        st.flush()
+        st.append("raw", ids, ts[3:5], np.ones((2, 2)))  # a replay that rewrites two points
+        r = st.read("raw", [2, 99], 0, 10_000)
+        assert r.counts.tolist() == [10, 0]
+        assert r.series(0)[1].tolist() == [0, 0, 0, 1, 1, 0, 0, 0, 0, 0]
+
+
+def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
+    with _store(tmp_path) as st:
+        with pytest.raises(StoreError, match="unknown tier"):
+            st.append("5m", [1], [0], [[1.0]])
+        with pytest.raises(StoreError, match="shapes disagree"):
+            st.append("raw", [1, 2], [0], [[1.0]])
+        with pytest.raises(StoreError, match="distinct"):
+            st.append("raw", [1, 1], [0], [[1.0, 2.0]])
+        with pytest.raises(StoreError, match="locked"):
+            _store(tmp_path)
+
+
+def test_retention_deletes_whole_segments_and_compaction_keeps_data(tmp_path: Path) -> None:
+    ids = np.array([5, 6, 7], np.int64)
+    ts, vals = _group(0, 3 * 3600, 3, 2)  # three raw segments of one hour
+    with _store(tmp_path) as st:
+        for a in range(0, ts.size, 100):  # flush often: many partial records
+            st.append("raw", ids, ts[a:a + 100], vals[a:a + 100])
+            st.flush()
+        before = st.disk_bytes("raw")
+        assert st.compact(now_ms=2 * H) == 2  # the two finished hours
+        assert st.disk_bytes("raw") < before
+        r = st.read("raw", ids, 0, 3 * H)
+        assert np.array_equal(_bits(r.values[r.offsets[1]:r.offsets[2]]), _bits(vals[:, 1]))
+        assert st.enforce_retention(now_ms=5 * H + 1) == 1  # hour 0 is past 4 h retention
+        assert not (tmp_path / "raw" / "seg+00000000000000000000.fps").exists()
+        r = st.read("raw", ids, 0, 3 * H)
+        assert r.counts.tolist() == [2 * 3600] * 3
+        assert int(r.ts[0]) >= H
+
+
+def test_downsample_matches_numpy_for_every_reducer(tmp_path: Path) -> None:
+    ids = np.array([1, 2], np.int64)
+    ts, vals = _group(0, 600, 2, 3)
+    vals[:, 0] = np.arange(600) * 0.5
+    vals[::7, 1] = np.nan
+    with _store(tmp_path) as st:
+        st.append("raw", ids, ts, vals)
+        for red, fn in [("count", lambda x: float(x.size)), ("sum", np.sum), ("min", np.min),
+                        ("max", np.max), ("last", lambda x: x[-1])]:
+            n = st.downsample("raw", "10s", ids, red, 0, 600_000)
+            assert n == 2 * 60
+            r = st.read("10s", ids, 0, 600_000)
+            for j in range(2):
+                bts, bv = r.series(j)
+                assert bts.tolist() == list(range(0, 600_000, 10_000))
+                for b, v in zip(bts.tolist(), bv.tolist(), strict=True):
+                    x = vals[(ts >= b) & (ts < b + 10_000), j]
+                    x = x[~np.isnan(x)]
+                    assert v == pytest.approx(fn(x), rel=1e-12), (red, j, b)
+        with pytest.raises(StoreError, match="align"):
+            st.downsample("raw", "10s", ids, "max", 5, 600_000)
+
+
+def test_reduce_buckets_skips_nan_only_buckets() -> None:
+    ts = np.array([0, 5, 12, 13, 30], np.int64)
+    v = np.array([1.0, 2.0, np.nan, np.nan, 4.0])
+    bts, bv, off = reduce_buckets(ts, v, np.array([0, 5]), 10, "sum")
+    assert bts.tolist() == [0, 30] and bv.tolist() == [3.0, 4.0] and off.tolist() == [0, 2]
+
+
+def test_torn_tail_is_truncated_and_never_read(tmp_path: Path) -> None:
+    ids = np.array([1, 2, 3], np.int64)
+    ts, vals = _group(0, 300, 3, 4)
+    with _store(tmp_path) as st:
+        st.append("raw", ids, ts, vals)
+    seg = next((tmp_path / "raw").glob("*.fps"))
+    _, _, recs = scan_segment(seg, truncate=False)
+    assert len(recs) == 3
+    whole = seg.stat().st_size
+    # cut the last record in half, then add garbage: as if the machine died mid-append
+    with open(seg, "r+b") as f:
+        f.truncate(recs[-1].offset + recs[-1].length // 2)
+        f.seek(0, os.SEEK_END)
+        f.write(b"\x46\x50\x43\x52garbage")
+    with _store(tmp_path) as st:
+        assert st.truncated_bytes > 0
+        assert seg.stat().st_size == recs[-1].offset
+        r = st.read("raw", ids, 0, H)
+        assert r.counts.tolist() == [240] * 3
+        assert np.array_equal(_bits(r.values[:240]), _bits(vals[:240, 0]))
+    # a flipped bit inside a record body fails its CRC: that record and the rest are cut
+    with open(seg, "r+b") as f:
+        f.seek(recs[1].offset + 40)
+        b = f.read(1)
+        f.seek(recs[1].offset + 40)
+        f.write(bytes([b[0] ^ 0x10]))
+    with _store(tmp_path) as st:
+        r = st.read("raw", ids, 0, H)
+        assert r.counts.tolist() == [120] * 3
+    assert whole > seg.stat().st_size
+
+
+_WRITER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from aggregator.store import SeriesStore, StoreConfig, TierSpec
+    H = 3_600_000
+    st = SeriesStore(StoreConfig(path=sys.argv[1], chunk_samples=50,
+                                 tiers=(TierSpec("raw", 0, 0, 60_000),)))
+    ids = np.arange(100, 140, dtype=np.int64)
+    t = 0
+    while True:
+        ts = np.arange(t, t + 7, dtype=np.int64) * 1000
+        vals = np.sin(ts[:, None] * 1e-4 + ids[None, :]).round(3)
+        st.append("raw", ids, ts, vals)
+        t += 7
+        if t % 21 == 0:
+            st.flush()
+            print(t, flush=True)
+""")
+
+
+def test_survives_kill_9_mid_write(tmp_path: Path) -> None:
+    """A real writer process killed with SIGKILL while appending and flushing."""
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    acked = 0
+    try:
+        for line in proc.stdout:
+            acked = int(line)
+            if acked >= 4200:  # several segments, many records, writer still running
+                break
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    assert acked >= 4200
+    ids = np.arange(100, 140, dtype=np.int64)
+    with SeriesStore(StoreConfig(path=str(tmp_path), chunk_samples=50,
+                                 tiers=(TierSpec("raw", 0, 0, 60_000),))) as st:
+        r = st.read("raw", ids, 0, 10**12)
+        for i, sid in enumerate(ids.tolist()):
+            ts, v = r.series(i)
+            assert ts.size >= acked  # everything acknowledged by flush() is there
+            assert np.array_equal(ts, np.arange(ts.size) * 1000)  # no holes, no extras
+            want = np.sin(ts * 1e-4 + sid).round(3)
+            assert np.array_equal(_bits(v), _bits(want))  # nothing corrupt
