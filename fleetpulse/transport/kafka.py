@@ -21,6 +21,7 @@ stopped) before it calls our listener, which is what Kafka's Java client does in
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -68,6 +69,10 @@ SESSION_TIMEOUT_MS = 10_000
 """A consumer that vanishes without leaving loses its partitions after this long."""
 HEARTBEAT_MS = 1_000
 """Heartbeats are also how a member learns of a rebalance, so they are frequent."""
+RESTART_BACKOFF_S = 0.5
+"""After a failed connect, sends fail at once for this long instead of reconnecting each."""
+SWEEP_INTERVAL_S = 0.1
+"""How often overdue acknowledgements are failed."""
 
 # Errors that mean "the broker is not reachable right now"; aiokafka marks some of these
 # non-retriable, but for us all of them are worth retrying later (the agent spools).
@@ -77,7 +82,7 @@ _UNREACHABLE = (
     NoBrokersAvailable,
     KafkaUnavailableError,
     RequestTimedOutError,
-    asyncio.TimeoutError,
+    TimeoutError,
     ConnectionError,
 )
 
@@ -253,7 +258,15 @@ async def _quietly(aw: Any) -> None:
 
 
 class KafkaTransport(Transport):
-    """:class:`Transport` over a Kafka cluster reached at ``config.bootstrap``."""
+    """:class:`Transport` over a Kafka cluster reached at ``config.bootstrap``.
+
+    Outages: aiokafka's idempotent producer numbers every batch; a batch that fails (expired
+    while the broker was down, or never acknowledged within ``request_timeout_ms``) leaves a
+    gap in the numbering that the broker then rejects forever (OutOfOrderSequenceNumber). So
+    after any failed send the producer is retired and the next ``send`` starts a fresh one
+    (a new producer id). Records whose send failed may still have been written; callers
+    resend them, and consumers de-duplicate by (agent, seq): at-least-once, never a loss.
+    """
 
     def __init__(self, config: TransportConfig, **producer_options: Any) -> None:
         """``producer_options`` override the producer settings above (benchmarks tune them)."""
@@ -263,8 +276,21 @@ class KafkaTransport(Transport):
         self.config = config
         self._producer_options = producer_options
         self._producer: AIOKafkaProducer | None = None
+        self._started = False
+        self._needs_reset = False
+        self._next_start = 0.0
+        self._producer_lock = asyncio.Lock()
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._deadlines: collections.deque[tuple[float, asyncio.Future[RecordMeta]]] = (
+            collections.deque()
+        )
+        self._sweeper: asyncio.Task[None] | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._consumers: list[KafkaConsumer] = []
+
+    @property
+    def _timeout_s(self) -> float:
+        return self.config.request_timeout_ms / 1000
 
     def connection_options(self) -> dict[str, Any]:
         """Address, client id and the SASL/SSL settings, shared by producer, consumers, admin."""
@@ -287,8 +313,13 @@ class KafkaTransport(Transport):
         return opts
 
     async def start(self) -> None:
-        if self._producer is not None:
-            return
+        """Connect the producer; raises a retriable TransportError if Kafka is unreachable."""
+        self._started = True
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep_deadlines())
+        await self._current_producer()
+
+    async def _new_producer(self) -> AIOKafkaProducer:
         cfg = self.config
         options: dict[str, Any] = {
             **self.connection_options(),
@@ -303,29 +334,108 @@ class KafkaTransport(Transport):
         options.update(self._producer_options)
         producer = AIOKafkaProducer(**options)
         try:
-            await producer.start()
-        except Exception as exc:
-            await _quietly(producer.stop())
+            # start() waits for a producer id; a broker that accepts connections but cannot
+            # serve would keep it waiting forever.
+            await asyncio.wait_for(producer.start(), self._timeout_s)
+        except Exception as exc:  # includes TimeoutError
+            await self._retire(producer)
             raise _error(f"cannot reach Kafka at {cfg.bootstrap}", exc) from exc
-        self._producer = producer
+        return producer
 
-    def _require_producer(self) -> AIOKafkaProducer:
-        if self._producer is None:
+    async def _current_producer(self) -> AIOKafkaProducer:
+        """The live producer; replaces a retired one, at most once per back-off period."""
+        if not self._started:
             raise TransportError("transport is not started (or closed)", retriable=False)
-        return self._producer
+        producer = self._producer
+        if producer is not None and not self._needs_reset:
+            return producer
+        async with self._producer_lock:
+            if self._needs_reset and self._producer is not None:
+                old, self._producer = self._producer, None
+                task = asyncio.create_task(self._retire(old))
+                self._retiring.add(task)
+                task.add_done_callback(self._retiring.discard)
+            self._needs_reset = False
+            if self._producer is None:
+                loop = asyncio.get_running_loop()
+                if loop.time() < self._next_start:
+                    raise TransportError(f"Kafka at {self.config.bootstrap} is unreachable")
+                try:
+                    self._producer = await self._new_producer()
+                except TransportError:
+                    self._next_start = loop.time() + RESTART_BACKOFF_S
+                    raise
+                if not self._started:  # closed while we were connecting
+                    await self._retire(self._producer)
+                    self._producer = None
+                    raise TransportError("transport is closed", retriable=False)
+            return self._producer
+
+    async def _retire(self, producer: AIOKafkaProducer) -> None:
+        """Stop ``producer``, flushing for up to request_timeout_ms, then failing the rest."""
+        stopping = asyncio.ensure_future(producer.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=self._timeout_s)
+        if not done:
+            # aiokafka retries an idempotent batch forever; fail what is left so that stop()
+            # (which flushes first) can finish and close the connections.
+            accumulator = getattr(producer, "_message_accumulator", None)
+            if accumulator is not None:
+                accumulator.fail_all(KafkaTimeoutError("producer retired after a failed send"))
+            done, _ = await asyncio.wait({stopping}, timeout=self._timeout_s)
+        if stopping.done():
+            exc = stopping.exception()
+            if exc is not None:
+                log.debug("ignored while stopping a producer: %r", exc)
+        else:
+            stopping.cancel()
+            log.warning("a Kafka producer did not stop within %.0f s", 2 * self._timeout_s)
+
+    async def _sweep_deadlines(self) -> None:
+        """Fail acknowledgements that did not come within request_timeout_ms.
+
+        Deadlines are appended in send order with one timeout, so the deque is sorted and
+        the sweep only looks at its head.
+        """
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            queue = self._deadlines
+            while queue and (queue[0][1].done() or queue[0][0] <= now):
+                _, fut = queue.popleft()
+                if not fut.done():
+                    self._needs_reset = True
+                    fut.set_exception(
+                        TransportError(
+                            f"no acknowledgement within {self.config.request_timeout_ms} ms",
+                            retriable=True,
+                        )
+                    )
+            await asyncio.sleep(SWEEP_INTERVAL_S)
 
     async def close(self) -> None:
+        """Stop consumers, then the producer (waiting up to request_timeout_ms to flush)."""
+        self._started = False
         for consumer in self._consumers:
             await consumer.stop()
         self._consumers.clear()
         if self._admin is not None:
             admin, self._admin = self._admin, None
             await _quietly(admin.close())
-        if self._producer is not None:
+        async with self._producer_lock:
             producer, self._producer = self._producer, None
-            # stop() flushes what is queued; with the broker down that ends after
-            # request_timeout_ms, when the pending batches expire.
-            await _quietly(producer.stop())
+        if producer is not None:
+            await self._retire(producer)
+        if self._retiring:
+            await asyncio.gather(*self._retiring, return_exceptions=True)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
+        while self._deadlines:
+            _, fut = self._deadlines.popleft()
+            if not fut.done():
+                fut.set_exception(TransportError("transport closed before the acknowledgement"))
+                fut.exception()  # nobody may be waiting any more; mark it retrieved
 
     async def _admin_client(self) -> AIOKafkaAdminClient:
         if self._admin is None:
@@ -363,11 +473,10 @@ class KafkaTransport(Transport):
                         )
         except KafkaError as exc:
             raise _error(f"creating topics {sorted(topics)} failed", exc) from exc
-        # Producers must see the new partitions before keyed sends pick one.
-        producer = self._producer
-        if producer is not None:
-            for name, n in topics.items():
-                await self._wait_partitions(producer, name, n)
+        # The producer must see the new partitions before keyed sends pick one.
+        producer = await self._current_producer()
+        for name, n in topics.items():
+            await self._wait_partitions(producer, name, n)
 
     async def _wait_partitions(self, producer: AIOKafkaProducer, topic: str, n: int) -> None:
         loop = asyncio.get_running_loop()
@@ -392,40 +501,51 @@ class KafkaTransport(Transport):
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> asyncio.Future[RecordMeta]:
-        producer = self._require_producer()
+        producer = await self._current_producer()
         try:
             sent = await producer.send(topic, value, key=key, headers=list(headers) or None)
         except KafkaError as exc:
+            self._needs_reset = self._needs_reset or producer is self._producer
             raise _error(f"send to {topic!r} failed", exc) from exc
-        acked: asyncio.Future[RecordMeta] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        acked: asyncio.Future[RecordMeta] = loop.create_future()
+        self._deadlines.append((loop.time() + self._timeout_s, acked))
 
         def done(f: asyncio.Future[RecordMetadata]) -> None:
-            if acked.done():
+            exc = None if f.cancelled() else f.exception()
+            if f.cancelled() or exc is not None:
+                if producer is self._producer:
+                    self._needs_reset = True
+                if not acked.done():
+                    err = (
+                        _error(f"send to {topic!r} failed", exc)
+                        if exc is not None
+                        else TransportError(f"send to {topic!r} was cancelled")
+                    )
+                    err.__cause__ = exc
+                    acked.set_exception(err)
                 return
-            if f.cancelled():
-                acked.set_exception(TransportError(f"send to {topic!r} was cancelled"))
-                return
-            exc = f.exception()
-            if exc is not None:
-                err = _error(f"send to {topic!r} failed", exc)
-                err.__cause__ = exc
-                acked.set_exception(err)
-                return
-            meta = f.result()
-            acked.set_result(RecordMeta(meta.topic, meta.partition, meta.offset))
+            if not acked.done():
+                meta = f.result()
+                acked.set_result(RecordMeta(meta.topic, meta.partition, meta.offset))
 
         sent.add_done_callback(done)
         return acked
 
     async def flush(self) -> None:
-        producer = self._require_producer()
-        try:
-            await producer.flush()
-        except KafkaError as exc:
+        producer = await self._current_producer()
+        # Not wait_for: cancelling aiokafka's flush would cancel the batches it waits on.
+        flushing = asyncio.ensure_future(producer.flush())
+        done, _ = await asyncio.wait({flushing}, timeout=self._timeout_s)
+        if not done:
+            flushing.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise TransportError(f"flush did not finish within {self.config.request_timeout_ms} ms")
+        exc = flushing.exception()
+        if exc is not None:
             raise _error("flush failed", exc) from exc
 
     async def partitions_for(self, topic: str) -> int:
-        producer = self._require_producer()
+        producer = await self._current_producer()
         try:
             parts = await producer.partitions_for(topic)
         except KafkaError as exc:
