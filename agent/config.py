@@ -108,10 +108,18 @@ class SyntheticSourceConfig:
     """GPUs on the simulated node."""
     seed: int = 0
     """Random seed; with the node identity it makes the node's data reproducible."""
+    faults: int = 0
+    """Faults to inject into this node, planned over ``horizon_s``."""
+    fault_kinds: tuple[str, ...] = ()
+    """Restrict injected faults to these kinds (agent/fleet/faults.py); empty: any."""
+    horizon_s: float = 3600.0
+    """The run length faults are planned over."""
 
     def validate(self) -> None:
-        if not 1 <= self.gpus <= 1024:
-            raise ConfigError("source.synthetic.gpus must be in [1, 1024]")
+        if not 1 <= self.gpus <= 64:
+            raise ConfigError("source.synthetic.gpus must be in [1, 64]")
+        if self.faults < 0 or self.horizon_s <= 0:
+            raise ConfigError("source.synthetic: faults >= 0 and horizon_s > 0 required")
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ __all__ = ["AgentCollector", "MetricsServer", "serve_metrics"]
 P = "fleetpulse_agent_"
 
 
-@dataclass
+@dataclass(eq=False)  # registries keep collectors in a set: hash by identity
 class AgentCollector(Collector):
     """Reads the agent's stats objects at scrape time."""
 

@@ -147,8 +147,6 @@ class Publisher:
         self._room = asyncio.Semaphore(max_in_flight)
         self._wake_ack = asyncio.Event()
         self._wake_replay = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
         self._ack_task: asyncio.Task[None] | None = None
         self._replay_task: asyncio.Task[None] | None = None
         self._closing = False
@@ -167,25 +165,27 @@ class Publisher:
     async def flush(self, timeout_s: float = 10.0) -> bool:
         """Wait until nothing is outstanding and the spool is drained; True if so in time."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self._queue and self.mode is Mode.DIRECT:
-                return True
+        while not (not self._queue and self.mode is Mode.DIRECT):
+            if time.monotonic() >= deadline:
+                return False
             self._wake_replay.set()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(0.05, max(deadline - time.monotonic(), 0))):
-                    await self._idle.wait()
-        return not self._queue and self.mode is Mode.DIRECT
+            await asyncio.sleep(0.01)
+        return True
 
     async def close(self, timeout_s: float = 10.0) -> None:
-        """Deliver what can be delivered within ``timeout_s``, spool the rest, stop.
+        """Wait up to ``timeout_s`` for outstanding acks, spool the rest, stop.
 
         This is the SIGTERM path: nothing the publisher holds is dropped; what the broker
-        did not acknowledge in time is in the spool for the next start.
+        did not acknowledge in time is in the spool for the next start. A spool backlog is
+        not waited for (it is already on disk; the next start replays it first), so a stop
+        during an outage is quick.
         """
         if self._closing:
             return
+        deadline = time.monotonic() + timeout_s
         try:
-            await self.flush(timeout_s)
+            while self._queue and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
         finally:
             self._closing = True
             for task in (self._replay_task, self._ack_task):
@@ -238,7 +238,6 @@ class Publisher:
                 self._fail(str(exc))
         self._queue.append(_Entry(key, value, fut, time.monotonic() + self.ack_timeout_s))
         self.stats.in_flight = len(self._queue)
-        self._idle.clear()
         self._wake_ack.set()
 
     def _fail(self, why: str) -> None:
@@ -269,7 +268,6 @@ class Publisher:
         """Resolve outstanding records oldest first; failures and timeouts go to the spool."""
         while True:
             if not self._queue:
-                self._idle.set()
                 self._wake_ack.clear()
                 await self._wake_ack.wait()
                 continue
@@ -322,7 +320,6 @@ class Publisher:
                     spool.commit()
                     self.mode = Mode.DIRECT
                     log.info("spool drained; publishing directly again")
-                    self._idle.set()
                     continue
                 self._wake_replay.clear()
                 with contextlib.suppress(TimeoutError):

@@ -8,9 +8,10 @@ samples on the same second), and tick *k* carries the timestamp ``wall0 + k * in
 
 A tick that starts later than ``late_after_s`` after its due time (the host was busy, the
 source blocked) is **late**: it is sampled at once, stamped with the real time it was read,
-and counted. The ticks whose due time passed meanwhile are **missed** (counted) rather than
-fired back to back: ticks are never bunched, because a burst of samples a few ms apart
-tells nothing and skews rate computations downstream.
+and counted. The ticks whose due time passed meanwhile (and a slot less than half an
+interval after the late tick) are **missed** (counted) rather than fired back to back:
+ticks are never bunched, because a burst of samples a few ms apart tells nothing and skews
+rate computations downstream.
 
 **Frames** (:class:`FrameBuilder`). Ticks are batched into frames of ``ticks_per_frame``
 ticks (DESIGN.md: one message = one node x a few ticks). A frame has one layout (GPUs and
@@ -121,9 +122,11 @@ class TickClock:
             ts = self.scheduled_ts_ms(index)
         ts = max(ts, self._last_ts + 1)
         self._last_ts = ts
-        current = max(index, math.floor((now - self.mono0) * 1000 / self.interval_ms))
-        self.next_index = current + 1
-        return Tick(index, ts, due, lateness, late, current - index)
+        # The next slot is the first one at least half an interval after now: a late tick
+        # is followed by a normal gap, not by the slot that happens to come a few ms later.
+        nxt = math.ceil(((now - self.mono0) * 1000 + self.interval_ms / 2) / self.interval_ms)
+        self.next_index = max(index + 1, nxt)
+        return Tick(index, ts, due, lateness, late, self.next_index - index - 1)
 
 
 @dataclass(slots=True)
