@@ -1,0 +1,191 @@
+"""The chunk codec: kernels vs the pure-Python reference, golden vectors, round trips."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aggregator.store import codec
+from aggregator.store import codec_reference as ref
+
+GOLDEN = Path(__file__).parent / "golden" / "codec"
+SPECIAL = [0.0, -0.0, float("inf"), float("-inf"), 5e-324, -2.2250738585072014e-308,
+           1.7976931348623157e308]
+NAN_PAYLOADS = [0x7FF8000000000000, 0x7FF0000000000001, 0xFFF8DEADBEEF0001, 0x7FFFFFFFFFFFFFFF]
+
+
+def _f(bits: list[int]) -> np.ndarray:
+    return np.array(bits, dtype=np.uint64).view(np.float64)
+
+
+def _bits(a: np.ndarray) -> list[int]:
+    return np.ascontiguousarray(a, dtype=np.float64).view(np.uint64).tolist()
+
+
+def _cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Named inputs covering every tag, both stream kinds and the edge cases."""
+    rng = np.random.default_rng(7)
+    t = 1_767_225_600_000 + np.arange(40, dtype=np.int64) * 1000 + rng.integers(-4, 5, 40)
+    temp = 40.0 + np.cumsum(rng.integers(-1, 2, 40))
+    power = np.round((300 + np.cumsum(rng.normal(0, 3, 40))) * 1000) / 1000
+    energy = np.round(1e7 + np.cumsum(power) * 1000) / 1000
+    clocks = 1.41e9 + 15e6 * rng.integers(0, 4, 40)
+    fb = (50_000 + np.cumsum(rng.integers(0, 3, 40))) * float(1 << 20)
+    counter = np.arange(40) * 3.0 + 17
+    noise = rng.random(40)
+    special = _f([*(_bits(np.array(SPECIAL))), *NAN_PAYLOADS] * 4)[:40]
+    ratio = np.round(rng.random(40), 2)
+    return {
+        "fleet_like": (t, np.stack([temp, power, energy, clocks, fb, counter, noise, special,
+                                    ratio, np.full(40, 700.0), np.full(40, -0.0)], axis=1)),
+        "one_sample": (t[:1], np.array([[1.5, np.nan]])),
+        "two_samples": (t[:2], np.array([[1.0], [2.0]])),
+        "empty": (t[:0], np.zeros((0, 3))),
+        "huge_gaps": (np.array([-2**62, 0, 1, 2**62, 2**62 + 7, -5], np.int64),
+                      np.array([[1e300], [-1e-300], [3.25], [3.25], [float("nan")], [2.0]])),
+        "big_ints": (np.arange(5, dtype=np.int64), np.array(
+            [[2.0**53], [-(2.0**53)], [0.0], [2.0**53 - 1], [1e15]])),
+    }
+
+
+def _ref_encode(ts: np.ndarray, vals: np.ndarray) -> bytes:
+    return ref.encode_group(ts.tolist(), [vals[:, j].tolist() for j in range(vals.shape[1])])
+
+
+@pytest.mark.parametrize("name", sorted(_cases()))
+def test_kernel_matches_reference_and_golden(name: str) -> None:
+    ts, vals = _cases()[name]
+    blob = codec.encode_group(ts, vals)
+    assert blob == _ref_encode(ts, vals)
+    path = GOLDEN / f"{name}.json"
+    case = {"ts": ts.tolist(), "values_bits": [_bits(vals[:, j]) for j in range(vals.shape[1])],
+            "k": vals.shape[1], "blob_hex": blob.hex()}
+    if os.environ.get("FLEETPULSE_REGEN_GOLDEN"):
+        path.write_text(json.dumps(case, indent=1) + "\n")
+    golden = json.loads(path.read_text())
+    assert golden["blob_hex"] == blob.hex(), "layout changed: bump VERSION, regenerate golden"
+    gts, gcols = ref.decode_group(bytes.fromhex(golden["blob_hex"]))
+    assert gts == golden["ts"] and gcols == golden["values_bits"]
+    dts, dv = codec.decode_group(blob)
+    assert dts.tolist() == ts.tolist() and dv.shape == vals.shape
+    assert [_bits(dv[:, j]) for j in range(vals.shape[1])] == golden["values_bits"]
+
+
+def test_each_encoding_is_chosen_where_it_wins() -> None:
+    ts, vals = _cases()["fleet_like"]
+    tags = codec.column_tags(codec.encode_group(ts, vals))
+    # temp, power, energy, clocks, fb, counter, noise, special, ratio, const, -0.0
+    assert tags[6] == tags[7] == codec.C_XOR
+    assert tags[9] == codec.C_CONST_INT and tags[10] == codec.C_CONST
+    assert tags[5] == codec.C_DOD  # a counter with a constant rate: all dods are zero
+    assert set(tags[:5]) | {tags[8]} <= {codec.C_DELTA, codec.C_DOD}
+    small = codec.encode_group(ts, vals[:, [3, 4, 5, 9]])
+    # clocks in 15 MHz steps, MiB in bytes, a counter, a constant: far below plain Gorilla
+    gorilla = sum(len(codec.encode_gorilla(ts, vals[:, j])) for j in [3, 4, 5, 9])
+    assert len(small) * 3 < gorilla
+
+
+def test_column_subset_and_batch_api() -> None:
+    ts, vals = _cases()["fleet_like"]
+    blob = codec.encode_group(ts, vals)
+    _t2, sub = codec.decode_group(blob, [8, 1, 8])
+    assert _bits(sub[:, 0]) == _bits(vals[:, 8]) == _bits(sub[:, 2])
+    assert _bits(sub[:, 1]) == _bits(vals[:, 1])
+    g_ts = np.stack([ts, ts + 5])
+    g_vals = np.stack([vals, vals[::-1]])
+    buf, off = codec.encode_groups(g_ts, g_vals)
+    assert buf[off[0]:off[1]].tobytes() == blob
+    d_ts, d_vals = codec.decode_groups(buf, off, vals.shape[1], ts.size)
+    assert np.array_equal(d_ts, g_ts)
+    assert np.array_equal(d_vals.view(np.uint64), g_vals.view(np.uint64))
+    with pytest.raises(codec.CodecError, match="shape"):
+        codec.decode_groups(buf, off, vals.shape[1] + 1, ts.size)
+
+
+def test_gorilla_baseline_matches_reference() -> None:
+    ts, vals = _cases()["fleet_like"]
+    for j in range(vals.shape[1]):
+        blob = codec.encode_gorilla(ts, vals[:, j])
+        assert blob == ref.encode_gorilla(ts.tolist(), vals[:, j].tolist())
+        dts, dv = codec.decode_gorilla(blob)
+        assert dts.tolist() == ts.tolist() and _bits(dv) == _bits(vals[:, j])
+    gts, gv = _cases()["fleet_like"]
+    total = codec.gorilla_bytes(gts[None], gv[None])
+    assert total == sum(len(codec.encode_gorilla(ts, vals[:, j])) for j in range(vals.shape[1]))
+
+
+def test_corrupt_blobs_raise_codec_error() -> None:
+    ts, vals = _cases()["fleet_like"]
+    blob = codec.encode_group(ts, vals)
+    for cut in range(len(blob)):
+        with pytest.raises(codec.CodecError):
+            codec.decode_group(blob[:cut])
+    with pytest.raises(codec.CodecError):
+        codec.decode_group(blob + b"\x00")
+    rng = np.random.default_rng(3)
+    for _ in range(300):  # flipped bits: an error or some values, never a crash
+        bad = bytearray(blob)
+        i = int(rng.integers(0, len(bad)))
+        bad[i] ^= 1 << int(rng.integers(0, 8))
+        with contextlib.suppress(codec.CodecError):
+            codec.decode_group(bytes(bad))
+
+
+_bit_patterns = st.integers(0, 2**64 - 1)
+_decimals = st.builds(lambda n, e: n / 10.0**e, st.integers(-(10**9), 10**9), st.integers(0, 4))
+_value_bits = st.one_of(_bit_patterns, _decimals.map(lambda v: ref.f2u(v)),
+                        st.sampled_from(NAN_PAYLOADS + [ref.f2u(x) for x in SPECIAL]))
+
+
+@st.composite
+def _groups(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
+    n = draw(st.integers(0, 30))
+    k = draw(st.integers(1, 4))
+    step = draw(st.sampled_from([1000, 250, 1]))
+    start = draw(st.integers(-(2**60), 2**60))
+    jitter = draw(st.lists(st.integers(-(2**20), 2**20), min_size=n, max_size=n))
+    ts = [start + i * step + j for i, j in enumerate(jitter)]
+    cols = []
+    for _ in range(k):
+        kind = draw(st.sampled_from(["any", "walk", "const"]))
+        if kind == "const":
+            cols.append([draw(_value_bits)] * n)
+        elif kind == "walk":
+            base = draw(st.integers(-(10**6), 10**6))
+            steps = draw(st.lists(st.integers(-50, 50), min_size=n, max_size=n))
+            e = draw(st.integers(-3, 3))
+            cols.append([ref.f2u(ref.decode_scaled(base + sum(steps[:i + 1]), e))
+                         for i in range(n)])
+        else:
+            cols.append(draw(st.lists(_value_bits, min_size=n, max_size=n)))
+    vals = np.array(cols, dtype=np.uint64).reshape(k, n).T.view(np.float64)
+    return np.array(ts, dtype=np.int64), vals
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_groups())
+def test_round_trip_bit_exact_and_equal_to_reference(group: tuple[np.ndarray, np.ndarray]) -> None:
+    ts, vals = group
+    blob = codec.encode_group(ts, vals)
+    assert blob == _ref_encode(ts, vals)
+    dts, dv = codec.decode_group(blob)
+    assert dts.tolist() == ts.tolist()
+    assert np.array_equal(dv.view(np.uint64), vals.view(np.uint64))
+    rts, rcols = ref.decode_group(blob)
+    assert rts == ts.tolist() and rcols == [_bits(vals[:, j]) for j in range(vals.shape[1])]
+
+
+def test_scaled_integers_are_exact_at_the_limits() -> None:
+    # 0.1 + 0.2 is not the double of "0.3": it must not be stored as 3 / 10
+    vals = np.array([[0.1 + 0.2], [0.3], [0.1]])
+    blob = codec.encode_group(np.arange(3), vals)
+    assert _bits(codec.decode_group(blob)[1][:, 0]) == _bits(vals[:, 0])
+    assert struct.pack("<d", 0.1 + 0.2) != struct.pack("<d", 0.3)
