@@ -476,21 +476,31 @@ async def test_broker_restart_while_producing_loses_no_acked_record(
                 i += 1
                 await asyncio.sleep(0.005)
 
+        t0 = time.monotonic()
+
+        def phase(name: str) -> None:  # shown when the test fails
+            print(f"{time.monotonic() - t0:6.2f}s {name}: {len(acked)} acked, {len(failed)} failed")
+
         task = asyncio.create_task(producer())
         await asyncio.sleep(1.0)
         before = len(acked)
+        phase("stopping broker")
         await asyncio.to_thread(broker.stop)
+        phase("broker stopped")
         await asyncio.sleep(1.0)
         await asyncio.to_thread(broker.start)
+        phase("broker started")
         assert broker.bootstrap == bootstrap
         restarted_at = len(acked)
         deadline = time.monotonic() + 60
         while len(acked) < restarted_at + 200:
             assert time.monotonic() < deadline, "no acknowledgements after the restart"
             await asyncio.sleep(0.1)
+        phase("200 more acked")
         stop_producing.set()
         await task
         await asyncio.wait_for(asyncio.gather(*pending), timeout=30)
+        phase("all sends settled")
         assert before > 0
         assert all(e.retriable for e in failed), [str(e) for e in failed if not e.retriable]
 
@@ -498,6 +508,7 @@ async def test_broker_restart_while_producing_loses_no_acked_record(
         ends = await c.end_offsets([(topic, p) for p in range(3)])
         got = await read_until(c, lambda ms: len(ms) >= sum(ends.values()))
         stored = {(m.partition, m.offset): m.value for m in got}
+        phase(f"read back {len(got)} records")
         lost = [i for i, meta in acked.items()
                 if stored.get((meta.partition, meta.offset)) != f"v{i}".encode()]
         assert not lost, f"{len(lost)} acknowledged records missing, e.g. {lost[:5]}"
