@@ -254,7 +254,7 @@ class MemoryBroker:
         with self._lock:
             group = self._groups[group_id]
             member = group.members.get(member_id)
-            owned = member.assignment if member and member.generation == group.generation else ()
+            owned = member.assignment if member is not None else frozenset()
             stray = [tp for tp in offsets if tp not in owned]
             if stray:
                 raise TransportError(
@@ -306,10 +306,12 @@ class MemoryConsumer(Consumer):
         elif broker.generation(self._group) == self._generation:
             return True
         if self._assignment:
-            revoked, self._assignment = self._assignment, frozenset()
-            self._positions.clear()
+            # The listener may still commit: the broker keeps this member's old assignment
+            # until it rejoins, and nobody reads under the new plan before that.
             if self._listener is not None:
-                await self._listener.on_revoked(revoked)
+                await self._listener.on_revoked(self._assignment)
+            self._assignment = frozenset()
+            self._positions.clear()
         while True:
             result = broker.rejoin(self._group, self._member)
             if result is not None:
