@@ -1,0 +1,665 @@
+"""End-to-end ingest load test: synthetic fleet -> real Kafka -> consuming stages.
+
+    python -m benchmarks.ingest --gpus 30320 --hz 1 --seconds 300 [--bootstrap B] --json
+
+Every part is a separate process against a real broker (started with ``scripts/kafka.sh``
+in a private directory when ``--bootstrap`` is not given, and stopped afterwards):
+
+* the load generator: ``fleetpulse fleet`` (one logical agent per node, the agent's publisher);
+* the stages, pluggable (``--stages``; default every one that exists):
+  ``decode`` (this module in consumer mode: ``decode_frame`` on every message, counting
+  metrics; the floor any consumer pays), ``aggregator`` and ``detector`` (the
+  ``fleetpulse`` commands, once they are registered in ``fleetpulse.cli.COMMANDS``).
+
+What it measures, from outside the stages, so it works for any stage:
+
+* throughput per stage from its consumer group's committed offsets (frames x metrics per
+  frame) over the load window; the end-to-end figure is the slowest stage's;
+* lag per stage in seconds: how long ago the broker's end offset was where the group's
+  committed offset is now (so a stage that commits every 10 s shows up to ~10 s by design);
+* end-to-end latency (newest sample of a frame to its decode) from the decode stage;
+* CPU seconds per million metrics per stage from ``/proc/<pid>/stat`` (whole process tree),
+  the broker's too, and the CPU the *rest* of the machine used meanwhile (it is shared);
+* the bottleneck: a stage whose lag grows, else the one using the most CPU per metric.
+
+Output: a table, ``benchmarks/results/ingest.json``, and one JSON object as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "ingest.json"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+METRICS_PER_GPU = 33  # agent.fleet.METRICS; checked at run time against the fleet's summary
+
+
+# ------------------------------------------------------------------ stages
+
+
+@dataclass(frozen=True)
+class RunContext:
+    bootstrap: str
+    prefix: str
+    workdir: Path
+
+
+@dataclass(frozen=True)
+class Stage:
+    """How to start one consuming stage as its own process."""
+
+    name: str
+    argv: Callable[[RunContext], list[str]]
+    env: Callable[[RunContext], dict[str, str]] = lambda ctx: {}
+    group_hint: str = ""
+    """Substring of its consumer group id (to find its committed offsets)."""
+
+    def available(self) -> bool:
+        if self.name == "decode":
+            return True
+        from fleetpulse.cli import COMMANDS
+
+        return self.name in COMMANDS
+
+
+def _stage_env(cmd: str, ctx: RunContext) -> dict[str, str]:
+    up = f"FLEETPULSE_{cmd.upper()}_TRANSPORT__"
+    return {f"{up}BOOTSTRAP": ctx.bootstrap, f"{up}TOPIC_PREFIX": ctx.prefix,
+            f"{up}CLIENT_ID": f"bench-{cmd}"}
+
+
+STAGES: dict[str, Stage] = {
+    "decode": Stage(
+        "decode",
+        lambda ctx: [sys.executable, "-m", "benchmarks.ingest", "--decode-consumer",
+                     "--bootstrap", ctx.bootstrap, "--topic-prefix", ctx.prefix],
+        group_hint="decode",
+    ),
+    "aggregator": Stage(
+        "aggregator",
+        lambda ctx: [sys.executable, "-m", "fleetpulse", "aggregator", "--bootstrap",
+                     ctx.bootstrap, "--data-dir", str(ctx.workdir / "aggregator"),
+                     "--listen", "127.0.0.1:0"],
+        lambda ctx: _stage_env("aggregator", ctx),
+        group_hint="aggregator",
+    ),
+    "detector": Stage(
+        "detector",
+        lambda ctx: [sys.executable, "-m", "fleetpulse", "detector", "--bootstrap",
+                     ctx.bootstrap],
+        lambda ctx: _stage_env("detector", ctx),
+        group_hint="detector",
+    ),
+}
+
+
+# ------------------------------------------------------------------ decode-only consumer
+
+
+async def decode_consumer(bootstrap: str, prefix: str) -> None:
+    """Consume the samples topic, decode every frame, commit each second, report on exit.
+
+    Prints one JSON line per second (progress) and a final one with latency percentiles
+    when SIGTERM arrives.
+    """
+    from fleetpulse.config import TransportConfig
+    from fleetpulse.transport import open_transport
+    from schemas.errors import DecodeError
+    from schemas.frame import decode_frame
+    from schemas.topics import Topics
+
+    topics = Topics(prefix)
+    transport = open_transport(TransportConfig(bootstrap=bootstrap, topic_prefix=prefix,
+                                               client_id="bench-decode"))
+    await transport.start()
+    consumer = transport.consumer([topics.samples], f"{prefix}.decode")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    frames = metrics = errors = 0
+    lat = np.empty(1 << 20)
+    nlat = 0
+    last_commit = time.monotonic()
+    try:
+        while not stop.is_set():
+            msgs = await consumer.getmany(timeout_ms=200, max_records=5000)
+            now_ms = time.time() * 1000.0
+            for msg in msgs:
+                try:
+                    f = decode_frame(msg.value)
+                except DecodeError:
+                    errors += 1
+                    continue
+                frames += 1
+                metrics += f.n_values
+                if f.ts.size and nlat < lat.size:
+                    lat[nlat] = now_ms - float(f.ts[-1])
+                    nlat += 1
+            if time.monotonic() - last_commit >= 1.0:
+                if msgs or frames:
+                    await consumer.commit()
+                last_commit = time.monotonic()
+                print(json.dumps({"frames": frames, "metrics": metrics, "errors": errors}),
+                      flush=True)
+        with contextlib.suppress(Exception):
+            await consumer.commit()
+    finally:
+        await transport.close()
+    sample = lat[:nlat]
+    print(json.dumps({
+        "final": True, "frames": frames, "metrics": metrics, "errors": errors,
+        "latency_ms_p50": round(float(np.percentile(sample, 50)), 1) if nlat else None,
+        "latency_ms_p99": round(float(np.percentile(sample, 99)), 1) if nlat else None,
+    }), flush=True)
+
+
+# ------------------------------------------------------------------ measurement helpers
+
+
+def _proc_children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def tree_cpu_s(pid: int, kids: dict[int, list[int]] | None = None) -> float:
+    """utime + stime (+ reaped children) of ``pid`` and its live descendants, seconds."""
+    kids = _proc_children() if kids is None else kids
+    total = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        total += sum(int(x) for x in fields[11:15]) / CLK_TCK
+        todo.extend(kids.get(p, ()))
+    return total
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy since boot (all cores)."""
+    with open("/proc/stat") as fh:
+        vals = [int(x) for x in fh.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    return (sum(vals[:8]) - idle) / CLK_TCK
+
+
+@dataclass
+class Series:
+    """(t, value) samples; ``at`` interpolates, ``when`` inverts a non-decreasing series."""
+
+    t: list[float] = field(default_factory=list)
+    v: list[float] = field(default_factory=list)
+
+    def add(self, t: float, v: float) -> None:
+        self.t.append(t)
+        self.v.append(v)
+
+    def at(self, t: float) -> float:
+        return float(np.interp(t, self.t, self.v)) if self.t else 0.0
+
+    def slope(self, t0: float, t1: float) -> float:
+        """Least-squares rate of change over [t0, t1]: robust to data arriving in bursts."""
+        t = np.asarray(self.t)
+        m = (t >= t0) & (t <= t1)
+        if m.sum() < 2:
+            return (self.at(t1) - self.at(t0)) / max(t1 - t0, 1e-9)
+        return float(np.polyfit(t[m], np.asarray(self.v)[m], 1)[0])
+
+    def first_above(self, value: float) -> float | None:
+        """When the series first went above ``value`` (linear between samples), or None."""
+        v = np.asarray(self.v)
+        i = int(np.searchsorted(v, value, side="right"))
+        if i >= len(v):
+            return None
+        if i == 0:
+            return self.t[0]
+        frac = (min(value + 1.0, v[i]) - v[i - 1]) / (v[i] - v[i - 1])
+        return self.t[i - 1] + frac * (self.t[i] - self.t[i - 1])
+
+
+# ------------------------------------------------------------------ the run
+
+
+class Monitor:
+    """Polls end offsets and every consumer group's committed offsets of our samples topic."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.partitions = partitions
+        self.end = Series()
+        self.committed: dict[str, Series] = {}
+        self.lag: dict[str, Series] = {}
+
+    async def start(self) -> None:
+        from aiokafka import AIOKafkaConsumer
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        self.admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await self.admin.start()
+        self.reader = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None)
+        await self.reader.start()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.reader.stop()
+        with contextlib.suppress(Exception):
+            await self.admin.close()
+
+    async def poll(self, t: float) -> None:
+        from aiokafka import TopicPartition
+
+        tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
+        ends = await self.reader.end_offsets(tps)
+        end_total = float(sum(ends.values()))
+        self.end.add(t, end_total)
+        groups = [g[0] for g in await self.admin.list_consumer_groups()]
+        for group in groups:
+            try:
+                offs = await self.admin.list_consumer_group_offsets(group)
+            except Exception:
+                continue
+            mine = [o.offset for tp, o in offs.items() if tp.topic == self.topic and o.offset >= 0]
+            if not mine:
+                continue
+            c = float(sum(mine))
+            self.committed.setdefault(group, Series()).add(t, c)
+            # Lag = age of the oldest record the group has not committed: when the end
+            # offset first passed the committed one. Frames arrive in bursts, so "when the
+            # end was where the commit is" would overstate it by the gap between bursts.
+            since = self.end.first_above(c)
+            lag_s = 0.0 if c >= end_total or since is None else max(0.0, t - since)
+            self.lag.setdefault(group, Series()).add(t, lag_s)
+
+
+def _start_broker(workdir: Path) -> tuple[str, Path]:
+    broker_dir = workdir / "broker"
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "kafka.sh"), "start", "--dir",
+                           str(broker_dir), "--owner", str(os.getpid())],
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"scripts/kafka.sh start failed: {proc.stderr[-2000:]}")
+    return proc.stdout.strip().splitlines()[-1], broker_dir
+
+
+def _stop_broker(broker_dir: Path) -> None:
+    subprocess.run(["bash", str(ROOT / "scripts" / "kafka.sh"), "stop", "--dir",
+                    str(broker_dir)], capture_output=True, text=True, timeout=120)
+
+
+def _broker_pid(broker_dir: Path | None, bootstrap: str) -> int | None:
+    if broker_dir is not None:
+        with contextlib.suppress(OSError, ValueError):
+            return int((broker_dir / "broker.pid").read_text().strip())
+    port = bootstrap.rsplit(":", 1)[-1].encode()
+    for entry in os.listdir("/proc"):  # a broker someone else started: find its java
+        if not entry.isdigit():
+            continue
+        try:
+            args = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"kafka.Kafka" not in args:
+            continue
+        for arg in args:
+            if arg.startswith(b"/") and arg.endswith(b"server.properties"):
+                with contextlib.suppress(OSError):
+                    if re.search(rb":" + port + rb"(?!\d)", Path(arg.decode()).read_bytes()):
+                        return int(entry)
+    return None
+
+
+async def _read_lines(stream: asyncio.StreamReader | None, sink: list[str]) -> None:
+    if stream is None:
+        return
+    while line := await stream.readline():
+        sink.append(line.decode(errors="replace").rstrip("\n"))
+
+
+async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="fp-ingest-") as tmp:
+        workdir = Path(tmp)
+        broker_dir: Path | None = None
+        bootstrap = args.bootstrap
+        if not bootstrap:
+            bootstrap, broker_dir = _start_broker(workdir)
+        try:
+            return await _run(args, bootstrap, workdir, broker_dir)
+        finally:
+            if broker_dir is not None:
+                _stop_broker(broker_dir)
+
+
+async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
+               broker_dir: Path | None) -> dict[str, Any]:
+    from fleetpulse.config import TransportConfig
+    from fleetpulse.transport import open_transport
+    from schemas.topics import Topics
+
+    prefix = f"bench-{uuid.uuid4().hex[:10]}"
+    topics = Topics(prefix)
+    ctx = RunContext(bootstrap, prefix, workdir)
+    wanted = [s.strip() for s in args.stages.split(",")] if args.stages else [
+        n for n, s in STAGES.items() if s.available()]
+    stages = [STAGES[n] for n in wanted]
+    missing = [s.name for s in stages if not s.available()]
+    if missing:
+        raise SystemExit(f"stages not available yet: {missing}")
+
+    # Topics first, so consumers join before the first frame and lag counts from zero.
+    admin_t = open_transport(TransportConfig(bootstrap=bootstrap, topic_prefix=prefix))
+    await admin_t.start()
+    await admin_t.ensure_topics({t: args.partitions for t in topics.all()})
+    await admin_t.close()
+
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    outputs: dict[str, list[str]] = {}
+    readers: list[asyncio.Task[None]] = []
+    errs: dict[str, list[str]] = {}
+
+    async def spawn(name: str, argv: list[str], env: dict[str, str]) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, cwd=ROOT, env={**os.environ, **env},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        procs[name] = proc
+        outputs[name], errs[name] = [], []
+        readers.append(asyncio.create_task(_read_lines(proc.stdout, outputs[name])))
+        readers.append(asyncio.create_task(_read_lines(proc.stderr, errs[name])))
+
+    for st in stages:
+        await spawn(st.name, st.argv(ctx), st.env(ctx))
+    monitor = Monitor(bootstrap, topics.samples, args.partitions)
+    await monitor.start()
+    await asyncio.sleep(args.settle)  # let the consumers join their groups
+    broker_pid = _broker_pid(broker_dir, bootstrap)
+    kids = _proc_children()
+    cpu0 = {n: tree_cpu_s(p.pid, kids) for n, p in procs.items()}
+    broker0 = tree_cpu_s(broker_pid, kids) if broker_pid else 0.0
+    busy0 = machine_busy_s()
+    load0 = os.getloadavg()
+
+    fleet_argv = [sys.executable, "-m", "fleetpulse", "fleet", "--gpus", str(args.gpus),
+                  "--hz", str(args.hz), "--duration", str(args.seconds), "--bootstrap",
+                  bootstrap, "--topic-prefix", prefix, "--partitions", str(args.partitions),
+                  "--ticks-per-frame", str(args.ticks_per_frame), "--progress", "0",
+                  "--seed", str(args.seed)]
+    t_start = time.monotonic()
+    await spawn("fleet", fleet_argv, {})
+    fleet = procs["fleet"]
+    cpu0["fleet"] = 0.0
+    last_cpu: dict[str, float] = dict(cpu0)
+    last_broker = broker0
+    t_end: float | None = None
+    drained_at: float | None = None
+    deadline_drain = float("inf")
+    while True:
+        await asyncio.sleep(1.0)
+        now = time.monotonic() - t_start
+        with contextlib.suppress(Exception):
+            await monitor.poll(now)
+        kids = _proc_children()
+        for n, p in procs.items():
+            if p.returncode is None:
+                last_cpu[n] = tree_cpu_s(p.pid, kids)
+        if broker_pid:
+            last_broker = tree_cpu_s(broker_pid, kids)
+        if args.verbose:
+            lags = {g: round(s.v[-1], 1) for g, s in monitor.lag.items() if s.v}
+            print(f"t={now:6.1f}s end={monitor.end.v[-1] if monitor.end.v else 0:.0f} "
+                  f"lag_s={lags}", file=sys.stderr, flush=True)
+        if t_end is None and fleet.returncode is not None:
+            t_end = now
+            cpu_end = dict(last_cpu)
+            broker_end = last_broker
+            busy_end = machine_busy_s()
+            deadline_drain = now + args.drain
+        if t_end is not None:
+            ends = monitor.end.v[-1] if monitor.end.v else 0.0
+            caught = all(s.v and s.v[-1] >= ends for s in monitor.committed.values())
+            if caught and len(monitor.committed) >= len(stages):
+                drained_at = now
+                break
+            if now >= deadline_drain:
+                break
+        if any(p.returncode is not None for n, p in procs.items() if n != "fleet"):
+            dead = [n for n, p in procs.items() if n != "fleet" and p.returncode is not None]
+            print(f"stage(s) exited early: {dead}", file=sys.stderr)
+            if t_end is None:
+                fleet.terminate()
+            else:
+                break
+
+    for p in procs.values():
+        if p.returncode is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs.values():
+        try:
+            await asyncio.wait_for(p.wait(), 30)
+        except TimeoutError:
+            p.kill()
+            await p.wait()
+    for task in readers:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 5)
+    await monitor.close()
+    assert t_end is not None
+    return _report(args, stages, monitor, outputs, errs, t_end, drained_at, cpu0, cpu_end,
+                   broker0, broker_end, busy0, busy_end, load0, procs)
+
+
+def _last_json(lines: list[str]) -> dict[str, Any]:
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError):
+            obj = json.loads(line)
+            if isinstance(obj, dict):
+                return obj
+    return {}
+
+
+def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
+            outputs: dict[str, list[str]], errs: dict[str, list[str]], t_end: float,
+            drained_at: float | None, cpu0: dict[str, float], cpu_end: dict[str, float],
+            broker0: float, broker_end: float, busy0: float, busy_end: float,
+            load0: tuple[float, float, float],
+            procs: dict[str, asyncio.subprocess.Process]) -> dict[str, Any]:
+    fleet = _last_json(outputs["fleet"])
+    if not fleet:
+        raise SystemExit("the fleet printed no summary:\n" + "\n".join(errs["fleet"][-30:]))
+    gpn = min(8, args.gpus)
+    metrics_per_frame = args.ticks_per_frame * gpn * fleet["metrics_per_gpu"]
+    window = t_end
+    # The load window starts when the first frame reached the broker (process start-up and
+    # the first ticks_per_frame ticks are not throughput).
+    warm = monitor.end.first_above(0.0) or 0.0
+    if window - warm < 1.0:
+        warm = 0.0
+    produced = fleet["metrics"]
+    produced_rate = monitor.end.slope(warm, window) * metrics_per_frame
+    per_stage: dict[str, dict[str, Any]] = {}
+    groups = dict(monitor.committed)
+    for st in stages:
+        group = next((g for g in groups if st.group_hint and st.group_hint in g), None)
+        if group is None and len(groups) == 1 and len(stages) == 1:
+            group = next(iter(groups))
+        cpu = cpu_end.get(st.name, 0.0) - cpu0.get(st.name, 0.0)
+        row: dict[str, Any] = {"group": group, "cpu_s": round(cpu, 2),
+                               "cores": round(cpu / window, 3)}
+        if group is not None:
+            c = groups.pop(group)
+            rate = c.slope(warm, window) * metrics_per_frame
+            lag = monitor.lag[group]
+            lag_in = [v for t, v in zip(lag.t, lag.v, strict=True) if t <= window]
+            consumed = c.at(window) * metrics_per_frame
+            row.update({
+                "metrics_per_s": round(rate, 1),
+                "lag_max_s": round(max(lag_in), 2) if lag_in else None,
+                "lag_final_s": round(lag.at(window), 2),
+                "cpu_s_per_million": round(cpu / (consumed / 1e6), 3) if consumed else None,
+            })
+        final = _last_json(outputs.get(st.name, []))
+        if final.get("final"):
+            row["decode_errors"] = final.get("errors")
+            row["latency_ms_p50"] = final.get("latency_ms_p50")
+            row["latency_ms_p99"] = final.get("latency_ms_p99")
+        if procs[st.name].returncode not in (0, -signal.SIGTERM, None):
+            row["exit_code"] = procs[st.name].returncode
+            row["stderr_tail"] = errs[st.name][-10:]
+        per_stage[st.name] = row
+    fleet_cpu = cpu_end.get("fleet", 0.0)
+    broker_cpu = broker_end - broker0
+    ours = sum(cpu_end.get(n, 0.0) - cpu0.get(n, 0.0) for n in cpu_end) + broker_cpu
+    others = max(0.0, (busy_end - busy0) - ours)
+    rates = [r["metrics_per_s"] for r in per_stage.values() if "metrics_per_s" in r]
+    lag_max = [r["lag_max_s"] for r in per_stage.values() if r.get("lag_max_s") is not None]
+    lag_final = [r["lag_final_s"] for r in per_stage.values() if r.get("lag_final_s") is not None]
+    # Bottleneck: a stage that fell behind, else the one spending the most CPU per metric.
+    behind = {n: r["lag_final_s"] for n, r in per_stage.items()
+              if (r.get("lag_final_s") or 0) > max(5.0, 0.1 * window)}
+    if behind:
+        bottleneck, why = max(behind, key=lambda n: behind[n]), "lag kept growing"
+    else:
+        costs = {n: r.get("cpu_s_per_million") or 0 for n, r in per_stage.items()}
+        costs["fleet"] = fleet_cpu / (produced / 1e6) if produced else 0
+        costs["broker"] = broker_cpu / (produced / 1e6) if produced else 0
+        bottleneck = max(costs, key=lambda n: costs[n])
+        why = "most CPU per metric (no stage fell behind)"
+    decode = per_stage.get("decode", {})
+    base = decode.get("cpu_s_per_million")
+    for name, row in per_stage.items():
+        if base and row.get("cpu_s_per_million") and name != "decode":
+            row["cpu_vs_decode_only"] = round(row["cpu_s_per_million"] / base, 2)
+    result: dict[str, Any] = {
+        "gpus": args.gpus,
+        "hz": args.hz,
+        "seconds": args.seconds,
+        "partitions": args.partitions,
+        "ticks_per_frame": args.ticks_per_frame,
+        "stages": [s.name for s in stages],
+        "target_metrics_per_s": round(args.gpus * args.hz * fleet["metrics_per_gpu"], 1),
+        "produced_metrics_per_s": round(produced_rate, 1),
+        "load_window_s": round(window - warm, 2),
+        "metrics_per_s": round(min(rates), 1) if rates else 0.0,
+        "lag_max_s": max(lag_max) if lag_max else None,
+        "lag_final_s": max(lag_final) if lag_final else None,
+        "drain_s": round(drained_at - t_end, 2) if drained_at is not None else None,
+        "latency_ms_p50": decode.get("latency_ms_p50"),
+        "latency_ms_p99": decode.get("latency_ms_p99"),
+        "bottleneck": bottleneck,
+        "bottleneck_reason": why,
+        "per_stage": per_stage,
+        "fleet": {"cpu_s": round(fleet_cpu, 2), "cores": round(fleet_cpu / window, 3),
+                  "cpu_s_per_million": round(fleet_cpu / (produced / 1e6), 3) if produced else None,
+                  "behind_s_max": fleet.get("behind_s_max"),
+                  "ack_ms_p50": fleet.get("ack_ms_p50"), "ack_ms_p99": fleet.get("ack_ms_p99"),
+                  "frames": fleet.get("frames"), "frames_lost": fleet.get("frames_lost")},
+        "broker": {"cpu_s": round(broker_cpu, 2), "cores": round(broker_cpu / window, 3),
+                   "cpu_s_per_million": round(broker_cpu / (produced / 1e6), 3)
+                   if produced else None},
+        "machine": {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load0],
+                    "other_processes_cores": round(others / window, 3)},
+        "lag_series_s": {g: [[round(t, 1), round(v, 2)] for t, v in
+                             zip(s.t, s.v, strict=True)][:: max(1, len(s.t) // 120)]
+                         for g, s in monitor.lag.items()},
+    }
+    return result
+
+
+def _print_table(r: dict[str, Any]) -> None:
+    print(f"ingest: {r['gpus']} GPUs x {r['hz']} Hz x {r['seconds']} s, "
+          f"{r['partitions']} partitions, target {r['target_metrics_per_s']:,.0f} metrics/s")
+    head = f"{'stage':<11}{'metrics/s':>13}{'lag max s':>11}{'lag end s':>11}" \
+           f"{'CPU s':>9}{'cores':>7}{'CPU s/M':>9}"
+    print(head)
+    print("-" * len(head))
+
+    def line(name: str, row: dict[str, Any], rate: Any = None) -> None:
+        rate = row.get("metrics_per_s", rate)
+
+        def fmt(v: Any, spec: str) -> str:
+            return "-" if v is None else format(v, spec)
+        print(f"{name:<11}{fmt(rate, ',.0f'):>13}{fmt(row.get('lag_max_s'), '.2f'):>11}"
+              f"{fmt(row.get('lag_final_s'), '.2f'):>11}{fmt(row.get('cpu_s'), '.1f'):>9}"
+              f"{fmt(row.get('cores'), '.2f'):>7}{fmt(row.get('cpu_s_per_million'), '.3f'):>9}")
+
+    line("fleet", r["fleet"], r["produced_metrics_per_s"])
+    line("broker", r["broker"])
+    for name, row in r["per_stage"].items():
+        line(name, row)
+    print(f"end to end {r['metrics_per_s']:,.0f} metrics/s, lag max {r['lag_max_s']} s, "
+          f"final {r['lag_final_s']} s, drain {r['drain_s']} s, latency p50 "
+          f"{r['latency_ms_p50']} ms p99 {r['latency_ms_p99']} ms; bottleneck: "
+          f"{r['bottleneck']} ({r['bottleneck_reason']}); other processes used "
+          f"{r['machine']['other_processes_cores']} cores meanwhile")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.ingest", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpus", type=int, default=30_320)
+    p.add_argument("--hz", type=float, default=1.0)
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--bootstrap", help="use this broker instead of starting one")
+    p.add_argument("--stages", help="comma-separated: decode,aggregator,detector "
+                                    "(default: every one that exists)")
+    p.add_argument("--partitions", type=int, default=12)
+    p.add_argument("--ticks-per-frame", type=int, default=5)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--settle", type=float, default=5.0,
+                   help="seconds for the consumers to join before the load starts")
+    p.add_argument("--drain", type=float, default=60.0,
+                   help="seconds to wait after the load for the stages to catch up")
+    p.add_argument("--json", action="store_true", help="also print the result JSON (last line)")
+    p.add_argument("--verbose", action="store_true", help="lag every second on stderr")
+    p.add_argument("--no-write", action="store_true", help="do not write the results file")
+    p.add_argument("--decode-consumer", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--topic-prefix", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.decode_consumer:
+        asyncio.run(decode_consumer(args.bootstrap, args.topic_prefix))
+        return 0
+    result = asyncio.run(run_benchmark(args))
+    _print_table(result)
+    if not args.no_write:
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+    summary = {k: v for k, v in result.items() if k != "lag_series_s"}
+    print(json.dumps(summary if args.json else {
+        k: result[k] for k in ("metrics_per_s", "lag_max_s", "lag_final_s", "bottleneck")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

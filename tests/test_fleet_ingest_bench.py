@@ -1,0 +1,35 @@
+"""The ingest load test runs end to end against the real broker (a short smoke run)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_ingest_benchmark_reports_every_stage(kafka_bootstrap: str):
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.ingest", "--gpus", "160", "--hz", "4",
+         "--seconds", "8", "--bootstrap", kafka_bootstrap, "--stages", "decode",
+         "--partitions", "3", "--ticks-per-frame", "2", "--settle", "3", "--drain", "20",
+         "--no-write", "--json"],
+        capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {"metrics_per_s", "lag_max_s", "lag_final_s", "bottleneck"} <= set(result)
+    target = 160 * 4 * 33
+    assert result["target_metrics_per_s"] == target
+    decode = result["per_stage"]["decode"]
+    assert decode["decode_errors"] == 0
+    # Everything produced was decoded: the consumer caught up within the drain time.
+    assert result["drain_s"] is not None
+    assert 0.5 * target < result["metrics_per_s"] < 1.5 * target
+    assert result["latency_ms_p50"] is not None and result["fleet"]["frames_lost"] == 0
+    assert "stage" in proc.stdout and "end to end" in proc.stdout
