@@ -19,7 +19,7 @@ import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -97,9 +97,9 @@ class EntityIndex:
             if "metrics" in rec:
                 self.metrics[rec["id"], rec["metrics"]] = True
             else:
-                key = tuple(rec[k] for k in ENTITY_LABELS)
-                self._insert(key)  # type: ignore[arg-type]
-                if self._ids[key] != rec["id"]:  # type: ignore[index]
+                key = cast(EntityKey, tuple(rec[k] for k in ENTITY_LABELS))
+                self._insert(key)
+                if self._ids[key] != rec["id"]:
                     raise ValueError(f"{self._path}: entity ids out of order at {rec['id']}")
             good += len(line) + 1
         if good < len(data):

@@ -136,10 +136,10 @@ def decode_rollup(data: bytes | bytearray | memoryview) -> RollupFrame:
         raise DecodeError(f"rollup level {level!r:.20} is not one of {ROLLUP_LEVELS}")
     cluster = check_name("cluster", header.get("cluster"))
     row = check_name("row", header.get("row"))
-    rack = header.get("rack")
-    rack = check_name("rack", rack) if level == "rack" else rack
-    if level == "row" and rack != "":
+    rack_raw = header.get("rack")
+    if level == "row" and rack_raw != "":
         raise DecodeError("a row-level rollup has rack \"\"")
+    rack = check_name("rack", rack_raw) if level == "rack" else ""
     start = _int(header, "start_ms", 0, 1 << 62)
     width = _int(header, "width_ms", 1, 1 << 40)
     slots = _int(header, "sketch_slots", 1, 1 << 20)

@@ -1,0 +1,293 @@
+"""The query API: Prometheus' HTTP API (the subset Grafana uses) over the query engine.
+
+Composable: :func:`add_query_routes` adds the routes to any aiohttp Application (the web
+page mounts beside them), :func:`build_query_app` makes a fresh one. Parameters come from
+the query string or a form-encoded POST body, exactly as Prometheus accepts them; times are
+RFC 3339 or Unix seconds, durations seconds or Prometheus durations (``15s``, ``1h30m``).
+Responses and errors have Prometheus' JSON shapes::
+
+    {"status": "success", "data": {"resultType": "matrix", "result": [...]}}
+    {"status": "error", "errorType": "bad_data", "error": "..."}   (HTTP 400)
+
+Extra parameter: ``resolution`` = raw | 10s | 1m | 1h | 1d | auto picks the tier.
+
+For a fleet heatmap: ``/api/v1/query?query=fleetpulse_gpu_temperature_celsius{level="gpu"}``
+returns every GPU's newest window in one vector; ``query_range`` on one GPU drills down.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, Final
+
+import numpy as np
+import orjson
+from aiohttp import web
+
+from aggregator.promql import PromQLError
+from aggregator.query_engine import QueryEngine, QueryError, SeriesResult
+
+__all__ = ["ENGINE_KEY", "add_query_routes", "build_query_app", "openapi_document"]
+
+ENGINE_KEY: Final = web.AppKey("fleetpulse_query_engine", QueryEngine)
+_DURATION = re.compile(r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?"
+                       r"(?:(\d+)s)?(?:(\d+)ms)?")
+_DUR_MS: Final = (365 * 86_400_000, 7 * 86_400_000, 86_400_000, 3_600_000, 60_000, 1000, 1)
+_SCALAR = re.compile(r"\s*([-+]?\d+(?:\.\d*)?)\s*(?:\+\s*([-+]?\d+(?:\.\d*)?)\s*)?")
+_MAX_BODY: Final = 1 << 20
+
+
+class _BadRequest(Exception):
+    pass
+
+
+def _error(status: int, error_type: str, message: str) -> web.Response:
+    body = {"status": "error", "errorType": error_type, "error": message}
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def _ok(data: Any) -> web.Response:
+    return web.Response(body=orjson.dumps({"status": "success", "data": data}),
+                        content_type="application/json")
+
+
+def parse_time(value: str, name: str) -> int:
+    """RFC 3339 or Unix seconds (float) -> ms."""
+    try:
+        f = float(value)
+        if math.isfinite(f) and abs(f) < 1e13:
+            return round(f * 1000)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise _BadRequest(f"invalid parameter {name!r}: cannot parse {value!r:.60} to a valid "
+                          "timestamp") from None
+    if dt.tzinfo is None:
+        raise _BadRequest(f"invalid parameter {name!r}: timestamp needs a time zone")
+    return round(dt.timestamp() * 1000)
+
+
+def parse_duration(value: str, name: str) -> int:
+    """Seconds (float) or a Prometheus duration -> ms."""
+    try:
+        f = float(value)
+        if math.isfinite(f) and abs(f) < 1e13:
+            return round(f * 1000)
+    except ValueError:
+        pass
+    m = _DURATION.fullmatch(value)
+    if not value or m is None:
+        raise _BadRequest(f"invalid parameter {name!r}: cannot parse {value!r:.60} to a valid "
+                          "duration")
+    return sum(int(g) * mul for g, mul in zip(m.groups(), _DUR_MS, strict=True) if g)
+
+
+def _fmt(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if v.is_integer() and abs(v) < 1e15:
+        return str(int(v))
+    return repr(v)
+
+
+def _matrix(res: SeriesResult, start_ms: int, step_ms: int) -> list[dict[str, Any]]:
+    out = []
+    times = (start_ms + step_ms * np.arange(res.values.shape[1])) / 1000.0
+    for lab, row in zip(res.labels, res.values, strict=True):
+        ok = ~np.isnan(row)
+        if not ok.any():
+            continue
+        out.append({"metric": lab, "values": [[t, _fmt(v)] for t, v in
+                                              zip(times[ok].tolist(), row[ok].tolist(),
+                                                  strict=True)]})
+    return out
+
+
+async def _params(request: web.Request) -> dict[str, list[str]]:
+    params: dict[str, list[str]] = {}
+    for k, v in request.query.items():
+        params.setdefault(k, []).append(v)
+    if request.method == "POST":
+        if request.content_length and request.content_length > _MAX_BODY:
+            raise _BadRequest("request body too large")
+        form = await request.post()
+        for k, fv in form.items():
+            if isinstance(fv, str):
+                params.setdefault(k, []).append(fv)
+    return params
+
+
+def _one(params: dict[str, list[str]], name: str, default: str | None = None) -> str:
+    vals = params.get(name)
+    if not vals:
+        if default is None:
+            raise _BadRequest(f"invalid parameter {name!r}: missing")
+        return default
+    return vals[-1]
+
+
+Handler = Callable[[web.Request, QueryEngine, dict[str, list[str]]], Awaitable[web.Response]]
+
+
+def _wrap(fn: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handler(request: web.Request) -> web.Response:
+        engine = request.app[ENGINE_KEY]
+        try:
+            params = await _params(request)
+            return await fn(request, engine, params)
+        except (_BadRequest, PromQLError) as exc:
+            return _error(400, "bad_data", str(exc))
+        except QueryError as exc:
+            return _error(400, exc.error_type, str(exc))
+    return handler
+
+
+async def _query_range(request: web.Request, engine: QueryEngine,
+                       params: dict[str, list[str]]) -> web.Response:
+    query = _one(params, "query")
+    start = parse_time(_one(params, "start"), "start")
+    end = parse_time(_one(params, "end"), "end")
+    step = parse_duration(_one(params, "step"), "step")
+    res = engine.query_range(query, start, end, step, params.get("resolution", [None])[-1],
+                             now_ms=int(time.time() * 1000))
+    return _ok({"resultType": "matrix", "result": _matrix(res, start, step)})
+
+
+async def _query(request: web.Request, engine: QueryEngine,
+                 params: dict[str, list[str]]) -> web.Response:
+    query = _one(params, "query")
+    t = parse_time(_one(params, "time", str(time.time())), "time")
+    scalar = _SCALAR.fullmatch(query)
+    if scalar:
+        v = float(scalar.group(1)) + float(scalar.group(2) or 0.0)
+        return _ok({"resultType": "scalar", "result": [t / 1000.0, _fmt(v)]})
+    res = engine.query_instant(query, t, params.get("resolution", [None])[-1])
+    vec = [{"metric": lab, "value": [t / 1000.0, _fmt(float(row[0]))]}
+           for lab, row in zip(res.labels, res.values, strict=True) if not np.isnan(row[0])]
+    return _ok({"resultType": "vector", "result": vec})
+
+
+async def _series(request: web.Request, engine: QueryEngine,
+                  params: dict[str, list[str]]) -> web.Response:
+    match = params.get("match[]")
+    if not match:
+        raise _BadRequest("no match[] parameter provided")
+    return _ok(engine.series(match))
+
+
+async def _labels(request: web.Request, engine: QueryEngine,
+                  params: dict[str, list[str]]) -> web.Response:
+    return _ok(engine.label_names())
+
+
+async def _label_values(request: web.Request, engine: QueryEngine,
+                        params: dict[str, list[str]]) -> web.Response:
+    name = request.match_info["name"]
+    if re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name) is None:
+        raise _BadRequest(f"invalid label name: {name!r:.60}")
+    return _ok(engine.label_values(name))
+
+
+async def _buildinfo(request: web.Request, engine: QueryEngine,
+                     params: dict[str, list[str]]) -> web.Response:
+    from fleetpulse import __version__
+
+    return _ok({"version": __version__, "revision": "", "branch": "", "buildUser": "",
+                "buildDate": "", "goVersion": "", "application": "fleetpulse"})
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    return web.Response(body=orjson.dumps(openapi_document()), content_type="application/json")
+
+
+def _auth_middleware(token: str) -> Any:
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.startswith("/api/"):
+            got = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(got, expected):
+                return _error(401, "unauthorized", "missing or wrong bearer token")
+        return await handler(request)
+    return auth
+
+
+def add_query_routes(app: web.Application, engine: QueryEngine) -> None:
+    """Mount the Prometheus-compatible routes (GET and form POST) on ``app``."""
+    app[ENGINE_KEY] = engine
+    for path, fn in (("/api/v1/query_range", _query_range), ("/api/v1/query", _query),
+                     ("/api/v1/series", _series), ("/api/v1/labels", _labels),
+                     ("/api/v1/label/{name}/values", _label_values),
+                     ("/api/v1/status/buildinfo", _buildinfo)):
+        h = _wrap(fn)
+        app.router.add_get(path, h)
+        if "label/" not in path and "buildinfo" not in path:
+            app.router.add_post(path, h)
+    app.router.add_get("/api/v1/openapi.json", _openapi)
+
+
+def build_query_app(engine: QueryEngine, *, bearer_token: str = "") -> web.Application:
+    """A new Application with the query routes; protect ``/api/`` with a token if given."""
+    app = web.Application(middlewares=[_auth_middleware(bearer_token)] if bearer_token else [],
+                          client_max_size=_MAX_BODY)
+    add_query_routes(app, engine)
+    return app
+
+
+def openapi_document() -> dict[str, Any]:
+    """OpenAPI 3.0 description of the query API (served at /api/v1/openapi.json)."""
+    common = [
+        {"name": "query", "in": "query", "required": True, "schema": {"type": "string"},
+         "description": "PromQL subset: selectors with =, !=, =~, !~ over __name__, level, "
+                        "cluster, row, rack, node, gpu, agg; sum/avg/min/max/quantile by/without"},
+        {"name": "resolution", "in": "query", "schema": {
+            "type": "string", "enum": ["auto", "raw", "10s", "1m", "1h", "1d"]},
+         "description": "tier to read; default chosen from the step"},
+    ]
+    ok = {"200": {"description": "Prometheus success envelope"},
+          "400": {"description": "bad_data: invalid parameters, query or limits exceeded"},
+          "401": {"description": "bearer token missing or wrong"}}
+    rng = common + [
+        {"name": n, "in": "query", "required": True, "schema": {"type": "string"},
+         "description": d} for n, d in (("start", "RFC 3339 or Unix seconds"),
+                                        ("end", "RFC 3339 or Unix seconds"),
+                                        ("step", "seconds or a duration like 1m"))]
+    inst = [*common, {"name": "time", "in": "query", "schema": {"type": "string"},
+                      "description": "evaluation time; default now"}]
+    form = {"content": {"application/x-www-form-urlencoded": {"schema": {"type": "object"}}}}
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "fleetpulse query API", "version": "1",
+                 "description": "Prometheus-compatible reads of fleetpulse rollups."},
+        "paths": {
+            "/api/v1/query_range": {
+                "get": {"summary": "Range query (matrix)", "parameters": rng, "responses": ok},
+                "post": {"summary": "Range query, form-encoded", "requestBody": form,
+                         "responses": ok}},
+            "/api/v1/query": {
+                "get": {"summary": "Instant query (vector): newest window per series",
+                        "parameters": inst, "responses": ok},
+                "post": {"summary": "Instant query, form-encoded", "requestBody": form,
+                         "responses": ok}},
+            "/api/v1/series": {"get": {"summary": "Series matching match[] selectors",
+                                       "parameters": [{"name": "match[]", "in": "query",
+                                                       "required": True,
+                                                       "schema": {"type": "string"}}],
+                                       "responses": ok}},
+            "/api/v1/labels": {"get": {"summary": "Label names", "responses": ok}},
+            "/api/v1/label/{name}/values": {"get": {
+                "summary": "Values of one label",
+                "parameters": [{"name": "name", "in": "path", "required": True,
+                                "schema": {"type": "string"}}], "responses": ok}},
+        },
+    }

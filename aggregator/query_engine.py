@@ -1,0 +1,347 @@
+"""Evaluating the PromQL subset over the entity index and the tiered store.
+
+A selector resolves columnar: entity matchers -> entity ids (:class:`EntityIndex`), the
+metric name -> catalog ids, ``agg`` -> stored or virtual aggregates; every series of one
+stored aggregate is then read with *one* store call and reduced to output steps with one
+numba call (:mod:`aggregator.step_kernels`). Nothing is done per sample in Python.
+
+Tier choice: the coarsest tier whose resolution is at most the step (``raw`` only below
+10 s, for GPU series), unless the request names one (``resolution``); a tier whose
+retention does not reach back to ``start`` is skipped for the next coarser one.
+
+Output point at time ``t`` merges the windows that *ended* by ``t`` and started within the
+step before it (``[t - step, t)``), so a 1 h step over 1 min windows is the exact merge of 60
+windows: sums add, min/max take extremes, ``avg`` is sum/count, quantiles merge sketches.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from aggregator.promql import Aggregate, Selector, parse
+from aggregator.series_index import EntityIndex, compile_matcher, value_matches
+from aggregator.series_layout import (
+    AGG_CODES,
+    AGG_SLOTS,
+    ENTITY_STRIDE,
+    STORED_AGGS,
+    default_agg,
+)
+from aggregator.sketch import N_SLOTS, slot_value
+from aggregator.step_kernels import OPS, sketch_quantiles, step_reduce
+from aggregator.store import SeriesStore
+from schemas.catalog import BY_ID, CATALOG, Kind
+
+__all__ = ["TIER_NAMES", "QueryEngine", "QueryError", "QueryLimits", "SeriesResult"]
+
+TIER_NAMES: Final = ("raw", "10s", "1m", "1h", "1d")
+_QUANTILE = re.compile(r"p(\d{1,2}(?:\.\d+)?)")
+_SKETCH_LEVELS: Final = ("rack", "row", "cluster")
+_SLOT_VALUES = slot_value(np.arange(N_SLOTS, dtype=np.int64))
+_MERGE: Final = {"count": "sum", "sum": "sum", "sumsq": "sum", "increase": "sum",
+                 "min": "min", "max": "max", "last": "last"}
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+class QueryError(ValueError):
+    """A request the engine refuses; ``error_type`` is Prometheus' errorType."""
+
+    def __init__(self, message: str, error_type: str = "bad_data") -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+@dataclass(frozen=True, slots=True)
+class QueryLimits:
+    max_points_per_series: int = 11_000
+    max_series: int = 50_000
+    lookback_ms: int = 300_000
+
+
+@dataclass(slots=True)
+class SeriesResult:
+    """Labels plus values on the output grid (NaN = no data)."""
+
+    labels: list[dict[str, str]]
+    values: F64
+    """[series, points]"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    eids: I64
+    mids: I64
+    aggs: tuple[str, ...]
+    """one aggregate name per series"""
+
+
+def _aggs_for(kind: Kind, level: str, tier: str) -> tuple[str, ...]:
+    stored = STORED_AGGS[kind]
+    virtual: tuple[str, ...] = ()
+    if kind is Kind.GAUGE:
+        virtual = ("avg", "stddev")
+        if level in _SKETCH_LEVELS and tier != "raw":
+            virtual += ("p50", "p90", "p95", "p99")
+    if tier == "raw":
+        stored = ("raw", *stored)
+    return stored + virtual
+
+
+class QueryEngine:
+    """Read-side of one aggregator: the same store and index the stages write."""
+
+    def __init__(self, store: SeriesStore, index: EntityIndex,
+                 limits: QueryLimits | None = None) -> None:
+        self.store = store
+        self.index = index
+        self.limits = limits or QueryLimits()
+
+    # ----------------------------------------------------------------- resolution
+    def resolve(self, sel: Selector, tier: str) -> _Resolved:
+        """Every (entity, metric, aggregate) the selector matches."""
+        name_m = [m for m in sel.matchers if m[0] == "__name__"]
+        agg_m = [m for m in sel.matchers if m[0] == "agg"]
+        other = [m for m in sel.matchers if m[0] not in ("__name__", "agg")]
+        for label, _, _ in other:
+            if label not in ("level", "cluster", "row", "rack", "node", "gpu"):
+                raise QueryError(f"unknown label {label!r}; labels are __name__, agg, level, "
+                                 "cluster, row, rack, node, gpu")
+        metrics = []
+        for m in CATALOG:
+            if all(value_matches(op, v, m.name, compile_matcher(op, v)) for _, op, v in name_m):
+                metrics.append(m)
+        try:
+            eids = self.index.match(other)
+        except ValueError as exc:
+            raise QueryError(str(exc)) from None
+        agg_rx = [(op, v, compile_matcher(op, v)) for _, op, v in agg_m]
+        out_e: list[I64] = []
+        out_m: list[I64] = []
+        out_a: list[str] = []
+        levels = np.asarray([self.index.keys[e][0] for e in eids.tolist()], dtype=object)
+        for m in metrics:
+            has = eids[self.index.metrics[eids, m.id]] if eids.size else eids
+            if has.size == 0:
+                continue
+            lv = levels[np.isin(eids, has)] if has.size != eids.size else levels
+            for level in np.unique(lv).tolist():
+                ents = has[lv == level]
+                if agg_m:
+                    cands = [a for a in _aggs_for(m.kind, level, tier)
+                             if all(value_matches(op, v, a, rx) for op, v, rx in agg_rx)]
+                    cands += self._explicit_quantiles(agg_m, m.kind, level, cands)
+                else:
+                    cands = ["raw" if tier == "raw" and m.kind is not Kind.COUNTER
+                             else default_agg(m.kind)]
+                for a in cands:
+                    out_e.append(ents)
+                    out_m.append(np.full(ents.size, m.id, np.int64))
+                    out_a.extend([a] * ents.size)
+        if not out_e:
+            return _Resolved(np.zeros(0, np.int64), np.zeros(0, np.int64), ())
+        res = _Resolved(np.concatenate(out_e), np.concatenate(out_m), tuple(out_a))
+        if res.eids.size > self.limits.max_series:
+            raise QueryError(f"the query selects {res.eids.size} series, more than the limit of "
+                             f"{self.limits.max_series}; narrow the selector")
+        return res
+
+    @staticmethod
+    def _explicit_quantiles(agg_m: list[tuple[str, str, str]], kind: Kind, level: str,
+                            have: list[str]) -> list[str]:
+        """``agg="p97.5"`` asks for any quantile the sketch can answer."""
+        out = []
+        for _, op, v in agg_m:
+            q = _QUANTILE.fullmatch(v)
+            if op == "=" and q and v not in have and kind is Kind.GAUGE and level in _SKETCH_LEVELS:
+                out.append(v)
+        return out
+
+    def labels_of(self, res: _Resolved, keep_name: bool = True) -> list[dict[str, str]]:
+        out = []
+        for e, m, a in zip(res.eids.tolist(), res.mids.tolist(), res.aggs, strict=True):
+            lab = self.index.labels(e)
+            lab["agg"] = a
+            if keep_name:
+                lab["__name__"] = BY_ID[m].name
+            out.append(lab)
+        return out
+
+    # ----------------------------------------------------------------- tiers
+    def choose_tier(self, step_ms: int, start_ms: int, now_ms: int,
+                    resolution: str | None) -> str:
+        if resolution and resolution != "auto":
+            if resolution not in self.store.tiers:
+                raise QueryError(f"resolution must be one of {list(self.store.tiers)} or auto")
+            return resolution
+        best = "10s"
+        for name in TIER_NAMES[1:]:
+            spec = self.store.tiers.get(name)
+            if spec is not None and spec.resolution_ms <= max(step_ms, 10_000):
+                best = name
+        if step_ms < 10_000:
+            best = "raw"
+        order = list(TIER_NAMES)
+        i = order.index(best)
+        while i + 1 < len(order):
+            spec = self.store.tiers.get(order[i])
+            if spec is None or not spec.retention_ms or start_ms >= now_ms - spec.retention_ms:
+                break
+            i += 1
+        return order[i]
+
+    # ----------------------------------------------------------------- evaluation
+    def _read_stored(self, tier: str, res: _Resolved, sel: npt.NDArray[np.bool_], agg: str,
+                     op: str, t0: int, step: int, span: int, n: int) -> F64:
+        sids = (res.eids[sel] * ENTITY_STRIDE + res.mids[sel] * AGG_SLOTS
+                + AGG_CODES["raw" if tier == "raw" else agg])
+        r = self.store.read(tier, sids, t0 - span, t0 + (n - 1) * step)
+        if tier == "raw" and agg == "count":
+            op = "count"
+        elif tier == "raw" and agg == "sumsq":
+            r = type(r)(r.series_ids, r.offsets, r.ts, r.values * r.values)
+        return step_reduce(r.ts, r.values, r.offsets, t0, step, span, n, OPS[op])
+
+    def _series_values(self, tier: str, res: _Resolved, t0: int, step: int, n: int) -> F64:
+        out = np.full((res.eids.size, n), np.nan)
+        width = self.store.tiers[tier].resolution_ms
+        span = max(step, width) if tier != "raw" else step
+        aggs = np.asarray(res.aggs, dtype=object)
+        for agg in np.unique(aggs).tolist():
+            sel = aggs == agg
+            if agg in _MERGE or agg == "raw":
+                base = "last" if agg == "raw" else agg
+                op = _MERGE[base]
+                if tier == "raw":
+                    op = {"count": "count", "sum": "sum", "sumsq": "sum", "increase": "sum"}.get(
+                        base, op)
+                out[sel] = self._read_stored(tier, res, sel, base, op, t0, step, span, n)
+            elif agg in ("avg", "stddev"):
+                s = self._read_stored(tier, res, sel, "sum", "sum", t0, step, span, n)
+                c = self._read_stored(tier, res, sel, "count", "sum", t0, step, span, n)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    mean = s / c
+                    if agg == "avg":
+                        out[sel] = mean
+                    else:
+                        sq = self._read_stored(tier, res, sel, "sumsq", "sum", t0, step, span, n)
+                        out[sel] = np.sqrt(np.maximum(sq / c - mean * mean, 0.0))
+            else:
+                q = _QUANTILE.fullmatch(agg)
+                if q is None or tier == "raw":
+                    continue
+                sids = (res.eids[sel] * ENTITY_STRIDE + res.mids[sel] * AGG_SLOTS
+                        + AGG_CODES["sketch"])
+                r = self.store.read(tier, sids, t0 - span, t0 + (n - 1) * step)
+                out[sel] = sketch_quantiles(r.ts, r.values, r.offsets, width, t0, step, span, n,
+                                            float(q.group(1)) / 100.0, _SLOT_VALUES)
+        return out
+
+    def _eval(self, expr: Selector | Aggregate, tier: str, t0: int, step: int,
+              n: int) -> SeriesResult:
+        if isinstance(expr, Selector):
+            res = self.resolve(expr, tier)
+            return SeriesResult(self.labels_of(res), self._series_values(tier, res, t0, step, n))
+        inner = self._eval(expr.expr, tier, t0, step, n)
+        groups: dict[tuple[tuple[str, str], ...], list[int]] = {}
+        for i, lab in enumerate(inner.labels):
+            if expr.by is not None:
+                key = tuple((k, lab[k]) for k in expr.by if k in lab)
+            else:
+                drop = set(expr.without or ()) | {"__name__"}
+                key = tuple(sorted((k, v) for k, v in lab.items() if k not in drop))
+            groups.setdefault(key, []).append(i)
+        labels, rows = [], []
+        with np.errstate(invalid="ignore"):
+            for key, members in groups.items():
+                block = inner.values[members]
+                empty = np.isnan(block).all(axis=0)
+                if expr.op == "sum":
+                    row = np.nansum(block, axis=0)
+                elif expr.op == "avg":
+                    row = np.nansum(block, axis=0) / np.maximum((~np.isnan(block)).sum(axis=0), 1)
+                elif expr.op == "min":
+                    row = np.nanmin(np.where(empty, 0.0, block), axis=0)
+                elif expr.op == "max":
+                    row = np.nanmax(np.where(empty, 0.0, block), axis=0)
+                else:
+                    filled = np.where(empty, 0.0, block)
+                    row = np.nanquantile(filled, float(expr.param or 0.0), axis=0)
+                row = np.where(empty, np.nan, row)
+                labels.append(dict(key))
+                rows.append(row)
+        vals = np.stack(rows) if rows else np.zeros((0, n))
+        return SeriesResult(labels, vals)
+
+    def query_range(self, query: str, start_ms: int, end_ms: int, step_ms: int,
+                    resolution: str | None = None, now_ms: int | None = None) -> SeriesResult:
+        if step_ms <= 0:
+            raise QueryError("zero or negative query resolution step widths are not accepted. "
+                             "Try a positive integer")
+        if end_ms < start_ms:
+            raise QueryError("end timestamp must not be before start time")
+        n = (end_ms - start_ms) // step_ms + 1
+        if n > self.limits.max_points_per_series:
+            raise QueryError(f"exceeded maximum resolution of {self.limits.max_points_per_series}"
+                             " points per timeseries. Try decreasing the query resolution "
+                             "(?step=XX)")
+        expr = parse(query)
+        now = now_ms if now_ms is not None else end_ms
+        tier = self.choose_tier(step_ms, start_ms, now, resolution)
+        return self._eval(expr, tier, start_ms, step_ms, int(n))
+
+    def query_instant(self, query: str, time_ms: int,
+                      resolution: str | None = None) -> SeriesResult:
+        """Each series' newest window (or raw sample) within the lookback before ``time``."""
+        expr = parse(query)
+        tier = resolution if resolution and resolution != "auto" else "10s"
+        if tier not in self.store.tiers:
+            raise QueryError(f"resolution must be one of {list(self.store.tiers)} or auto")
+        width = max(self.store.tiers[tier].resolution_ms, 1000)
+        look = max(self.limits.lookback_ms, width)
+        n = look // width
+        grid = self._eval(expr, tier, time_ms - (n - 1) * width, width, int(n))
+        vals = grid.values
+        idx = np.where(np.isnan(vals), -1, np.arange(vals.shape[1])[None, :]).max(axis=1)
+        latest = np.full(vals.shape[0], np.nan)
+        ok = idx >= 0
+        latest[ok] = vals[np.flatnonzero(ok), idx[ok]]
+        return SeriesResult(grid.labels, latest[:, None])
+
+    def series(self, selectors: list[str]) -> list[dict[str, str]]:
+        """Label sets of every stored series matching any selector (10 s tier's view)."""
+        out: list[dict[str, str]] = []
+        seen: set[tuple[tuple[str, str], ...]] = set()
+        for text in selectors:
+            expr = parse(text)
+            if not isinstance(expr, Selector):
+                raise QueryError("match[] must be a vector selector")
+            res = self.resolve(expr, "10s")
+            for lab in self.labels_of(res):
+                key = tuple(sorted(lab.items()))
+                if key not in seen:
+                    seen.add(key)
+                    out.append(lab)
+        return out
+
+    def label_names(self) -> list[str]:
+        names = {"__name__", "agg"}
+        for label in ("level", "cluster", "row", "rack", "node", "gpu"):
+            if self.index.label_values(label):
+                names.add(label)
+        return sorted(names)
+
+    def label_values(self, name: str) -> list[str]:
+        if name == "__name__":
+            used = np.flatnonzero(self.index.metrics[: len(self.index)].any(axis=0))
+            return sorted(BY_ID[i].name for i in used.tolist() if i in BY_ID)
+        if name == "agg":
+            return sorted({*AGG_CODES, "avg", "stddev", "p50", "p90", "p95", "p99"} - {"sketch"})
+        if name in ("level", "cluster", "row", "rack", "node", "gpu"):
+            return self.index.label_values(name)
+        return []

@@ -1,0 +1,286 @@
+"""The aggregator process: consumers, stages, durability cycle, query API and /metrics.
+
+Durability cycle (every ``commit_interval_ms``, on a rebalance's revoke, and at shutdown):
+
+1. rollups produced so far are acknowledged by the broker (awaited sends);
+2. the entity index and then the store are flushed (fsync);
+3. each owned partition's checkpoint is written (atomic rename);
+4. the partitions' resume offsets are committed to Kafka.
+
+A kill -9 anywhere in between leaves a committed offset no newer than the durable data and
+a checkpoint no newer than that offset's replay needs; replaying rewrites identical values
+(the store's last write wins), so the rollups come out bit for bit the same.
+
+Everything runs on one event loop; the store is single-threaded and queries read it
+between batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from aggregator.checkpoint import PartitionCheckpoint, load_checkpoint, save_checkpoint
+from aggregator.config import AggregatorConfig
+from aggregator.http_api import add_query_routes, build_query_app
+from aggregator.query_engine import QueryEngine, QueryLimits
+from aggregator.rack_stage import RackStage
+from aggregator.row_stage import RowStage
+from aggregator.series_index import EntityIndex
+from aggregator.store import SeriesStore, StoreConfig
+from fleetpulse.transport import Consumer, Message, TopicPartition, Transport, open_transport
+from schemas.rollup import encode_rollup
+from schemas.topics import Topics
+
+__all__ = ["AggregatorService"]
+
+log = logging.getLogger("fleetpulse.aggregator")
+
+
+class _Stage(Protocol):
+    def assign(self, partition: int, ckpt: PartitionCheckpoint | None) -> int: ...
+    def revoke(self, partition: int) -> None: ...
+    def process(self, msgs: list[Message]) -> tuple[list[tuple[Message, str]], list[Any]]: ...
+    def checkpoint(self, partition: int) -> PartitionCheckpoint: ...
+    def open_windows(self) -> int: ...
+
+
+class _Loop:
+    """One consumer feeding one stage, with its rebalance listener."""
+
+    def __init__(self, service: AggregatorService, stage: _Stage, topic: str, group: str) -> None:
+        self.service = service
+        self.stage = stage
+        self.topic = topic
+        self.group = group
+        self.consumer: Consumer | None = None
+        self.lag = 0
+        self.owned: set[int] = set()
+
+    async def on_revoked(self, revoked: frozenset[TopicPartition]) -> None:
+        mine = {p for t, p in revoked if t == self.topic}
+        await self.service.durable(self, mine)
+        for p in mine:
+            self.stage.revoke(p)
+            self.owned.discard(p)
+
+    async def on_assigned(self, assigned: frozenset[TopicPartition]) -> None:
+        assert self.consumer is not None
+        for t, p in sorted(assigned):
+            if t != self.topic:
+                continue
+            ckpt = load_checkpoint(self.service.state_dir, t, p)
+            if ckpt is None:
+                committed = await self.consumer.committed((t, p))
+                if committed is not None:
+                    ckpt = PartitionCheckpoint(t, p, committed, committed, -(1 << 62))
+            offset = self.stage.assign(p, ckpt)
+            if ckpt is not None:
+                await self.consumer.seek((t, p), offset)
+            self.owned.add(p)
+
+
+class AggregatorService:
+    """Owns the store, the index, both stages and the HTTP server of one instance."""
+
+    def __init__(self, cfg: AggregatorConfig, transport: Transport | None = None) -> None:
+        self.cfg = cfg
+        self.topics = Topics(cfg.transport.topic_prefix)
+        data = Path(cfg.data_dir)
+        data.mkdir(parents=True, exist_ok=True)
+        self.state_dir = cfg.state_path
+        self.store = SeriesStore(StoreConfig(path=str(data / "store"), fsync=cfg.fsync))
+        self.index = EntityIndex(data / "entities.jsonl")
+        self.transport = transport or open_transport(cfg.transport)
+        self.rack = RackStage(self.store, self.index, topic=self.topics.samples,
+                              lateness_ms=cfg.lateness_ms, raw=cfg.raw)
+        self.row = RowStage(self.store, self.index, topic=self.topics.rollups,
+                            lateness_ms=cfg.row_lateness_ms)
+        self.engine = QueryEngine(self.store, self.index, QueryLimits(
+            cfg.max_points_per_series, cfg.max_series, cfg.lookback_ms))
+        self.loops = [_Loop(self, self.rack, self.topics.samples, cfg.group_id)]
+        if cfg.row_stage:
+            self.loops.append(_Loop(self, self.row, self.topics.rollups, f"{cfg.group_id}-rows"))
+        self.dead_letters = 0
+        self.rollups_published = 0
+        self._pending: list[asyncio.Future[Any]] = []
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+        self._stop = asyncio.Event()
+
+    # ----------------------------------------------------------------- lifecycle
+    async def start(self, serve_http: bool = True) -> None:
+        await self.transport.start()
+        await self.transport.ensure_topics({
+            self.topics.samples: self.cfg.samples_partitions,
+            self.topics.rollups: self.cfg.rollups_partitions,
+            self.topics.deadletter: 1,
+        })
+        for loop in self.loops:
+            loop.consumer = self.transport.consumer([loop.topic], loop.group, listener=loop)
+        if serve_http:
+            app = build_query_app(self.engine, bearer_token=self.cfg.bearer_token)
+            self.mount_metrics(app)
+            self._runner = web.AppRunner(app, access_log=None)
+            await self._runner.setup()
+            host, port = self.cfg.host_port
+            site = web.TCPSite(self._runner, host, port)
+            await site.start()
+            server = getattr(site, "_server", None)
+            socks = getattr(server, "sockets", None) or []
+            self.port = socks[0].getsockname()[1] if socks else port
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Consume until :meth:`stop`; then make everything durable and leave the groups."""
+        tasks = [asyncio.create_task(self._consume(loop)) for loop in self.loops]
+        try:
+            await self._stop.wait()
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+            for loop in self.loops:
+                with contextlib.suppress(Exception):
+                    await self.durable(loop, set(loop.owned))
+                if loop.consumer is not None:
+                    await loop.consumer.stop()
+            await self.close()
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.transport.close()
+        self.index.close()
+        self.store.close()
+
+    async def _consume(self, loop: _Loop) -> None:
+        assert loop.consumer is not None
+        last = time.monotonic()
+        interval = self.cfg.commit_interval_ms / 1000.0
+        while True:
+            msgs = await loop.consumer.getmany(timeout_ms=200, max_records=self.cfg.max_batch)
+            if msgs:
+                await self.handle(loop, msgs)
+            if time.monotonic() - last >= interval:
+                await self.durable(loop, set(loop.owned))
+                await self._update_lag(loop)
+                last = time.monotonic()
+
+    async def handle(self, loop: _Loop, msgs: list[Message]) -> None:
+        dead, rollups = loop.stage.process(msgs)
+        for msg, reason in dead:
+            await self.transport.dead_letter(self.topics.deadletter, msg, reason)
+            self.dead_letters += 1
+        for fr in rollups:
+            key = (fr.row if fr.level == "rack" else fr.cluster).encode()
+            self._pending.append(await self.transport.send(self.topics.rollups,
+                                                           encode_rollup(fr), key=key))
+            self.rollups_published += 1
+
+    async def durable(self, loop: _Loop, partitions: Iterable[int]) -> None:
+        """Steps 1-4 of the module docstring for ``partitions`` of ``loop``."""
+        parts = sorted(p for p in partitions if p in loop.owned)
+        if self._pending:
+            pending, self._pending = self._pending, []
+            await asyncio.gather(*pending)
+        self.index.flush()
+        self.store.flush()
+        if not parts or loop.consumer is None:
+            return
+        offsets: dict[TopicPartition, int] = {}
+        for p in parts:
+            ckpt = loop.stage.checkpoint(p)
+            save_checkpoint(self.state_dir, ckpt)
+            offsets[(loop.topic, p)] = ckpt.resume_offset
+        await loop.consumer.commit(offsets)
+
+    async def _update_lag(self, loop: _Loop) -> None:
+        if loop.consumer is None or not loop.owned:
+            loop.lag = 0
+            return
+        tps = [(loop.topic, p) for p in sorted(loop.owned)]
+        try:
+            ends = await loop.consumer.end_offsets(tps)
+        except Exception:  # lag is best effort; a broker hiccup must not stop ingestion
+            return
+        parts = getattr(loop.stage, "parts", {})
+        loop.lag = sum(max(0, ends.get(tp, 0) - parts[tp[1]].position)
+                       for tp in tps if tp[1] in parts)
+
+    # ----------------------------------------------------------------- metrics
+    def store_bytes(self) -> int:
+        root = Path(self.cfg.data_dir) / "store"
+        return sum(f.stat().st_size for f in root.rglob("*.fps") if f.is_file())
+
+    def mount_metrics(self, app: web.Application) -> None:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(self))
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(body=generate_latest(registry),
+                                headers={"Content-Type": "text/plain; version=0.0.4"})
+        app.router.add_get("/metrics", metrics)
+
+    def add_routes(self, app: web.Application) -> None:
+        """Mount the query API and /metrics on another application (e.g. the web page's)."""
+        add_query_routes(app, self.engine)
+        self.mount_metrics(app)
+
+
+class _Collector(Collector):
+    def __init__(self, svc: AggregatorService) -> None:
+        self.svc = svc
+
+    def collect(self) -> Iterable[Any]:
+        s = self.svc
+        st = s.rack.stats
+        lag = GaugeMetricFamily("fleetpulse_aggregator_consumer_lag_messages",
+                                "Messages behind the partitions' ends.", labels=["stage"])
+        opened = GaugeMetricFamily("fleetpulse_aggregator_open_windows",
+                                   "Windows waiting for their watermark.", labels=["stage"])
+        for loop in s.loops:
+            name = "rack" if loop.stage is s.rack else "row"
+            lag.add_metric([name], loop.lag)
+            opened.add_metric([name], loop.stage.open_windows())
+        yield lag
+        yield opened
+        late = CounterMetricFamily("fleetpulse_aggregator_late_samples",
+                                   "Samples (or rollups) past their window's lateness; not "
+                                   "rolled up.", labels=["stage"])
+        late.add_metric(["rack"], st.late_samples)
+        late.add_metric(["row"], s.row.late)
+        yield late
+        yield CounterMetricFamily("fleetpulse_aggregator_duplicate_frames",
+                                  "Frames dropped as (agent, seq) duplicates.",
+                                  value=st.duplicates)
+        yield CounterMetricFamily("fleetpulse_aggregator_frames", "Frames rolled up.",
+                                  value=st.frames)
+        yield CounterMetricFamily("fleetpulse_aggregator_metrics",
+                                  "Metric values rolled up.", value=st.metrics)
+        yield CounterMetricFamily("fleetpulse_aggregator_dead_letters",
+                                  "Messages sent to the dead-letter topic.",
+                                  value=s.dead_letters)
+        yield CounterMetricFamily("fleetpulse_aggregator_windows_closed",
+                                  "Base windows closed and stored.",
+                                  value=st.windows_closed + s.row.windows_closed)
+        yield GaugeMetricFamily("fleetpulse_aggregator_store_bytes",
+                                "Bytes of the store's segment files.", value=s.store_bytes())
+        yield GaugeMetricFamily("fleetpulse_aggregator_entities",
+                                "GPUs, nodes, racks, rows and clusters known.",
+                                value=len(s.index))
