@@ -20,6 +20,8 @@ __all__ = ["COMMANDS", "build_parser", "main"]
 COMMANDS: Final[tuple[str, ...]] = (
     "agent",
     "fleet",
+    "aggregator",
+    "query",
 )
 
 
