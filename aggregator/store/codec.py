@@ -69,6 +69,7 @@ __all__ = [
     "C_DOD",
     "C_XOR",
     "CodecError",
+    "column_layout",
     "column_tags",
     "decode_gorilla",
     "decode_group",
@@ -993,22 +994,36 @@ def gorilla_bytes(ts: npt.ArrayLike, values: npt.ArrayLike) -> int:
     return int(_gorilla_sizes(t, np.ascontiguousarray(v.transpose(0, 2, 1))))
 
 
-def column_tags(blob: bytes) -> list[int]:
-    """The encoding tag of each column of a chunk (for statistics and tests)."""
+def column_layout(blob: bytes) -> tuple[int, list[int], list[int]]:
+    """(header + timestamp bytes, per-column tag, per-column bytes) of a chunk.
+
+    For statistics (bytes per metric in the benchmark) and tests; walks headers only.
+    """
     buf, end = _padded(blob)
     pos, k, n = _dec_header(buf, 0, end)
     if pos < 0:
         raise CodecError("not a chunk")
     if n == 0:
-        return []
+        return int(pos), [], []
     ts = np.empty(n, np.int64)
     pos = _dec_ts(buf, pos, end, n, ts)
+    head = pos
     tags: list[int] = []
+    sizes: list[int] = []
     tmp = np.empty(n, np.int64)
     scratch = np.empty(n, np.uint64)
     for _ in range(k):
         if pos < 0:
             raise CodecError("corrupt chunk")
-        tags.append(np.int64(buf[pos]))
-        pos = _skip_or_dec_column(buf, pos, end, n, scratch, tmp, False)
-    return tags
+        tags.append(int(buf[pos]))
+        nxt = _skip_or_dec_column(buf, pos, end, n, scratch, tmp, False)
+        sizes.append(int(nxt - pos))
+        pos = nxt
+    if pos != end:
+        raise CodecError("corrupt chunk")
+    return int(head), tags, sizes
+
+
+def column_tags(blob: bytes) -> list[int]:
+    """The encoding tag of each column of a chunk."""
+    return column_layout(blob)[1]

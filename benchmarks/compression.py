@@ -1,0 +1,399 @@
+"""Lossless bytes per sample and codec speed, side by side with Prometheus, VictoriaMetrics
+and plain Gorilla on the same data in the same run.
+
+Datasets:
+  fleet  the synthetic fleet (agent.fleet.generate: NVML granularity, 1 Hz, ms jitter);
+  dcgm   the dcgm-exporter fixtures (../shared/fixtures/dcgm-exporter): the real label sets,
+         starting values and each field's native granularity, moved by a seeded walk (the
+         fixtures are single scrapes, so the motion is synthetic), one scrape per 10 s;
+  npz    every --npz FILE in the fleet export layout (ts (G,T) ms, values (G,T,M), metrics).
+
+fleetpulse groups the series that share timestamps (one node's GPUs x metrics, chunks of
+--chunk samples) and stores each chunk with aggregator.store.codec. Plain Gorilla stores
+every series alone (its own timestamps, XOR values) in the same chunks. Bytes per sample
+divide by the finite samples (what every system stores: the peers' import formats cannot
+carry NaN); fleetpulse's bytes also hold the NaN cells. "store" is the same data written
+through SeriesStore (record headers, series ids and CRCs included) and read back.
+
+    python -m benchmarks.compression [--npz FILE ...] [--gpus 16] [--duration 3600]
+        [--no-peers] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from aggregator.store import SeriesStore, StoreConfig, TierSpec, codec
+from benchmarks.peers import PeerSeries, prometheus_tsdb_bytes, victoriametrics_bytes
+
+RESULTS = Path(__file__).parent / "results" / "compression.json"
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "dcgm-exporter"
+TARGET_BPS = 0.7
+TARGET_ENCODE = 20e6
+TARGET_DECODE = 50e6
+
+
+@dataclass(frozen=True, slots=True)
+class Dataset:
+    """Rows (GPUs) x ticks x metrics, plus which rows share timestamps (a group)."""
+
+    name: str
+    ts: npt.NDArray[np.int64]  # (G, T)
+    values: npt.NDArray[np.float64]  # (G, T, M)
+    metrics: tuple[str, ...]
+    group: npt.NDArray[np.int64]  # (G,) group id of each row
+    labels: tuple[dict[str, str], ...]  # (G,) peer labels of each row
+
+
+# ---------------------------------------------------------------------------- datasets
+
+
+def fleet_dataset(gpus: int, duration_s: float, hz: float, seed: int) -> Dataset:
+    from agent.fleet import generate  # benchmarks may wire packages together
+
+    d = generate(gpus=gpus, hz=hz, duration_s=duration_s, seed=seed)
+    _, group = np.unique(np.array(d.nodes), return_inverse=True)
+    labels = tuple({"node": n, "uuid": u} for n, u in zip(d.nodes, d.uuids, strict=True))
+    return Dataset("fleet", d.ts, d.values, tuple(d.metrics), group.astype(np.int64), labels)
+
+
+def npz_dataset(path: Path) -> Dataset:
+    with np.load(path, allow_pickle=False) as z:
+        ts = z["ts"].astype(np.int64)
+        values = z["values"].astype(np.float64)
+        metrics = tuple(str(m) for m in z["metrics"])
+        nodes = [str(n) for n in z["nodes"]] if "nodes" in z else None
+    if values.ndim != 3 or ts.shape != values.shape[:2] or values.shape[2] != len(metrics):
+        raise SystemExit(f"{path}: want ts (G,T), values (G,T,M), metrics (M,); got "
+                         f"{ts.shape}, {values.shape}, {len(metrics)}")
+    if nodes is None:  # rows with identical timestamps share a group
+        _, group = np.unique(ts, axis=0, return_inverse=True)
+        nodes = [f"group{g}" for g in group.ravel().tolist()]
+    _, group = np.unique(np.array(nodes), return_inverse=True)
+    labels = tuple({"node": n, "row": str(i)} for i, n in enumerate(nodes))
+    return Dataset(path.stem, ts, values, metrics, group.ravel().astype(np.int64), labels)
+
+
+def dcgm_dataset(seed: int, ticks: int, interval_ms: int) -> Dataset:
+    """The fixtures' real rows, values and granularity, moved by a seeded walk."""
+    from agent.sources.dcgm_parse import parse_exposition
+    from schemas.catalog import BY_ID, Kind
+
+    rng = np.random.default_rng(seed)
+    per_file = []
+    for path in sorted(FIXTURES.glob("*.prom")):
+        scrape = parse_exposition(path.read_text())
+        if scrape.rows and scrape.metric_ids.size:
+            per_file.append(scrape)
+    names = sorted({BY_ID[int(i)].name for s in per_file for i in s.metric_ids})
+    rows, labels, groups, ts_rows = [], [], [], []
+    t0 = 1_767_225_600_000
+    for gi, s in enumerate(per_file):
+        ts = t0 + np.arange(ticks, dtype=np.int64) * interval_ms + rng.integers(0, 4, ticks)
+        for r, row in enumerate(s.rows):
+            out = np.full((ticks, len(names)), np.nan)
+            for c, mid in enumerate(s.metric_ids.tolist()):
+                meta = BY_ID[mid]
+                v0 = float(s.values[r, c])
+                if not np.isfinite(v0):
+                    continue
+                mul, div = meta.dcgm_scale
+                native = v0 * div / mul
+                dec = next(d for d in range(7) if round(native, d) == native or d == 6)
+                unit = 10**dec
+                n0 = round(native * unit)
+                if meta.kind is Kind.COUNTER:
+                    lam = max(native, 1.0) * 1e-4 * unit if "energy" in meta.name else 0.02
+                    walk = n0 + np.cumsum(rng.poisson(lam, ticks))
+                elif meta.kind is Kind.GAUGE:
+                    sigma = max(0.3, 0.005 * abs(n0))
+                    steps = np.rint(rng.normal(0, sigma, ticks)).astype(np.int64)
+                    walk = np.maximum(n0 + np.cumsum(steps) - np.cumsum(steps).mean()
+                                      .astype(np.int64), 0)
+                else:
+                    walk = np.full(ticks, n0)
+                out[:, names.index(meta.name)] = walk.astype(np.float64) * mul / (div * unit)
+            rows.append(out)
+            ts_rows.append(ts)
+            groups.append(gi)
+            labels.append({"node": row.hostname or f"host{gi}", "uuid": row.uuid,
+                           "gpu": str(row.gpu)})
+    return Dataset("dcgm", np.stack(ts_rows), np.stack(rows), tuple(names),
+                   np.array(groups, np.int64), tuple(labels))
+
+
+# ---------------------------------------------------------------------------- fleetpulse
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Chunks of equal shape: ts (B, C), values (B, C, k), and each column's metric (B, k)."""
+
+    ts: npt.NDArray[np.int64]
+    values: npt.NDArray[np.float64]
+    metric: npt.NDArray[np.int64]
+
+
+def groups(ds: Dataset) -> list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+    """(rows, flat column ids r*M+m) per group of rows sharing timestamps.
+
+    A (row, metric) pair with no finite sample is not a series (an exporter would not
+    print it), so it is left out here and from the peers alike.
+    """
+    m_count = len(ds.metrics)
+    exists = np.isfinite(ds.values).any(axis=1)  # (G, M)
+    out = []
+    for gid in np.unique(ds.group).tolist():
+        rows = np.flatnonzero(ds.group == gid)
+        same = bool((ds.ts[rows] == ds.ts[rows[0]]).all())
+        for p in [rows] if same else [rows[i:i + 1] for i in range(rows.size)]:
+            r, m = np.nonzero(exists[p])
+            if r.size:
+                out.append((p, p[r] * m_count + m))
+    return out
+
+
+def batches(ds: Dataset, chunk: int) -> list[Batch]:
+    """Every group cut into chunks of ``chunk`` ticks, batched by shape."""
+    m_count = len(ds.metrics)
+    t_count = ds.values.shape[1]
+    flat = ds.values.transpose(0, 2, 1).reshape(-1, t_count)  # (G*M, T)
+    by_shape: dict[tuple[int, int], list[tuple[int, npt.NDArray[np.int64], int, int]]] = {}
+    for rows, cols in groups(ds):
+        for a in range(0, t_count, chunk):
+            b = min(a + chunk, t_count)
+            by_shape.setdefault((cols.size, b - a), []).append((int(rows[0]), cols, a, b))
+    out = []
+    for items in by_shape.values():
+        ts = np.stack([ds.ts[r, a:b] for r, _, a, b in items])
+        vals = np.stack([flat[c, a:b].T for _, c, a, b in items])
+        out.append(Batch(ts, vals, np.stack([c % m_count for _, c, _, _ in items])))
+    return out
+
+
+def _best_time(fn: Callable[[], Any], rounds: int = 3) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def run_fleetpulse(ds: Dataset, chunk: int) -> dict[str, Any]:
+    bs = batches(ds, chunk)
+    m_count = len(ds.metrics)
+    encoded = [codec.encode_groups(b.ts, b.values) for b in bs]  # also compiles
+    total = sum(int(off[-1]) for _, off in encoded)
+    enc_s = _best_time(lambda: [codec.encode_groups(b.ts, b.values) for b in bs])
+    dec_s = _best_time(lambda: [codec.decode_groups(buf, off, b.values.shape[2], b.ts.shape[1])
+                                for b, (buf, off) in zip(bs, encoded, strict=True)])
+    lossless = True
+    per_metric = np.zeros(m_count)
+    head_bytes = 0
+    tags: dict[int, int] = {}
+    for b, (buf, off) in zip(bs, encoded, strict=True):
+        dts, dv = codec.decode_groups(buf, off, b.values.shape[2], b.ts.shape[1])
+        lossless &= bool(np.array_equal(dts, b.ts)
+                         and np.array_equal(dv.view(np.uint64), b.values.view(np.uint64)))
+        for i in range(off.size - 1):
+            head, ctags, sizes = codec.column_layout(buf[off[i]:off[i + 1]].tobytes())
+            head_bytes += head
+            np.add.at(per_metric, b.metric[i], sizes)
+            for t in ctags:
+                tags[t] = tags.get(t, 0) + 1
+    return {"bytes": total, "encode_s": enc_s, "decode_s": dec_s, "lossless": lossless,
+            "per_metric_bytes": per_metric.tolist(), "timestamp_and_header_bytes": head_bytes,
+            "column_tags": {str(k): v for k, v in sorted(tags.items())}}
+
+
+def run_gorilla(ds: Dataset, chunk: int) -> dict[str, Any]:
+    t_count = ds.ts.shape[1]
+    m_count = len(ds.metrics)
+    per_metric = np.zeros(m_count)
+    flat = ds.values.transpose(0, 2, 1).reshape(-1, t_count)
+    work = []
+    for _rows, cols in groups(ds):
+        for c in cols.tolist():
+            work.append((c % m_count, ds.ts[c // m_count][None], flat[c][None, :, None]))
+    codec.gorilla_bytes(work[0][1][:, :chunk], work[0][2][:, :chunk])  # compile
+    t0 = time.perf_counter()
+    for m, ts, vals in work:
+        for a in range(0, t_count, chunk):
+            per_metric[m] += codec.gorilla_bytes(ts[:, a:a + chunk], vals[:, a:a + chunk])
+    elapsed = time.perf_counter() - t0
+    ok = True  # round trip of the baseline on a few series, so its sizes are honest
+    for _, ts, vals in work[:40]:
+        blob = codec.encode_gorilla(ts[0, :chunk], vals[0, :chunk, 0])
+        _dts, dv = codec.decode_gorilla(blob)
+        ok &= bool(np.array_equal(dv.view(np.uint64), vals[0, :chunk, 0].view(np.uint64)))
+    return {"bytes": float(per_metric.sum()), "encode_s": elapsed, "lossless": ok,
+            "per_metric_bytes": per_metric.tolist()}
+
+
+def run_store(ds: Dataset, chunk: int) -> dict[str, Any]:
+    """Write every group through SeriesStore, reopen, read back, compare bits."""
+    with tempfile.TemporaryDirectory(prefix="fp-store-") as tmp:
+        cfg = StoreConfig(path=tmp, chunk_samples=chunk, fsync=False,
+                          tiers=(TierSpec("raw", 0, 0, 366 * 86_400_000),))
+        flat = ds.values.transpose(0, 2, 1).reshape(-1, ds.ts.shape[1])  # (G*M, T)
+        every = []
+        with SeriesStore(cfg) as st:
+            for rows, cols in groups(ds):
+                st.append("raw", cols, ds.ts[rows[0]], flat[cols].T)
+                every.append(cols)
+        t0 = time.perf_counter()
+        with SeriesStore(cfg) as st:
+            disk = st.disk_bytes()
+            ids = np.concatenate(every)
+            r = st.read("raw", ids, -(2**62), 2**62)
+            read_s = time.perf_counter() - t0
+            want = flat[ids].ravel()
+            ok = r.values.size == want.size and bool(np.array_equal(
+                r.values.view(np.uint64), want.view(np.uint64)))
+    return {"bytes": disk, "lossless": ok, "read_s": read_s}
+
+
+# ---------------------------------------------------------------------------- peers
+
+
+def peer_series(ds: Dataset) -> list[PeerSeries]:
+    m_count = len(ds.metrics)
+    out = []
+    for _, cols in groups(ds):
+        for c in cols.tolist():
+            g, m = divmod(c, m_count)
+            out.append(PeerSeries(ds.metrics[m], ds.labels[g], ds.ts[g], ds.values[g, :, m]))
+    return out
+
+
+def run_dataset(ds: Dataset, chunk: int, peers: bool) -> dict[str, Any]:
+    samples_total = sum(cols.size for _, cols in groups(ds)) * ds.ts.shape[1]
+    finite = int(np.isfinite(ds.values).sum())
+    fp = run_fleetpulse(ds, chunk)
+    gor = run_gorilla(ds, chunk)
+    store = run_store(ds, chunk)
+    r: dict[str, Any] = {
+        "series": ds.ts.shape[0] * len(ds.metrics), "ticks": ds.ts.shape[1],
+        "samples_total": samples_total, "samples_finite": finite,
+        "bytes_per_sample": fp["bytes"] / finite,
+        "store_bytes_per_sample": store["bytes"] / finite,
+        "gorilla_bytes_per_sample": gor["bytes"] / finite,
+        "encode_samples_per_s": samples_total / fp["encode_s"],
+        "decode_samples_per_s": samples_total / fp["decode_s"],
+        "gorilla_encode_samples_per_s": samples_total / gor["encode_s"],
+        "store_read_samples_per_s": samples_total / store["read_s"],
+        "lossless": fp["lossless"] and store["lossless"],
+        "gorilla_lossless": gor["lossless"],
+        "timestamp_bytes_per_sample": fp["timestamp_and_header_bytes"] / finite,
+        "column_tags": fp["column_tags"],
+        "per_metric": {},
+    }
+    finite_per_metric = np.isfinite(ds.values).sum(axis=(0, 1))
+    for m, name in enumerate(ds.metrics):
+        n = int(finite_per_metric[m])
+        if n == 0:
+            continue
+        r["per_metric"][name] = {"bytes_per_sample": fp["per_metric_bytes"][m] / n,
+                                 "gorilla_bytes_per_sample": gor["per_metric_bytes"][m] / n,
+                                 "finite_samples": int(finite_per_metric[m])}
+    if peers:
+        series = peer_series(ds)
+        prom = prometheus_tsdb_bytes(series)
+        vm = victoriametrics_bytes(series)
+        r["prometheus"] = prom
+        r["victoriametrics"] = vm
+        r["prometheus_bytes_per_sample"] = prom["chunk_bytes"] / prom["samples"]
+        r["prometheus_block_bytes_per_sample"] = prom["block_bytes"] / prom["samples"]
+        r["victoriametrics_bytes_per_sample"] = vm["data_bytes"] / max(vm["rows"], 1)
+        r["beats_victoriametrics"] = r["bytes_per_sample"] < r["victoriametrics_bytes_per_sample"]
+    return r
+
+
+def print_table(name: str, r: dict[str, Any]) -> None:
+    print(f"\n== {name}: {r['series']} series x {r['ticks']} ticks, "
+          f"{r['samples_finite']:,} finite samples ==")
+    print(f"{'system':<34}{'bytes/sample':>14}{'vs fleetpulse':>15}")
+    ours = r["bytes_per_sample"]
+    rows = [("fleetpulse codec (lossless)", ours),
+            ("fleetpulse store on disk", r["store_bytes_per_sample"]),
+            ("plain Gorilla (per series)", r["gorilla_bytes_per_sample"])]
+    if "victoriametrics_bytes_per_sample" in r:
+        rows += [("VictoriaMetrics (data parts)", r["victoriametrics_bytes_per_sample"]),
+                 ("Prometheus TSDB (chunks)", r["prometheus_bytes_per_sample"]),
+                 ("Prometheus TSDB (whole blocks)", r["prometheus_block_bytes_per_sample"])]
+    for label, v in rows:
+        print(f"{label:<34}{v:>14.3f}{v / ours:>14.1f}x")
+    print(f"timestamps+headers: {r['timestamp_bytes_per_sample']:.4f} B/sample; "
+          f"lossless: {r['lossless']}; encode {r['encode_samples_per_s'] / 1e6:.1f} M/s "
+          f"(plain Gorilla {r['gorilla_encode_samples_per_s'] / 1e6:.1f} M/s), decode "
+          f"{r['decode_samples_per_s'] / 1e6:.1f} M/s, one core")
+    print(f"{'metric':<52}{'ours B/s':>10}{'Gorilla':>10}")
+    for metric, pm in sorted(r["per_metric"].items(), key=lambda kv: -kv[1]["bytes_per_sample"]):
+        print(f"{metric:<52}{pm['bytes_per_sample']:>10.3f}{pm['gorilla_bytes_per_sample']:>10.3f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--npz", type=Path, action="append", default=[],
+                        help="extra dataset in the fleet export layout (repeatable)")
+    parser.add_argument("--gpus", type=int, default=16, help="fleet size (8 GPUs per node)")
+    parser.add_argument("--duration", type=float, default=3600.0, help="fleet seconds")
+    parser.add_argument("--hz", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--chunk", type=int, default=120, help="samples per chunk")
+    parser.add_argument("--dcgm-ticks", type=int, default=720)
+    parser.add_argument("--no-peers", action="store_true", help="skip Prometheus and VM")
+    parser.add_argument("--json", action="store_true", help="(the last line is always JSON)")
+    args = parser.parse_args(argv)
+
+    datasets = [fleet_dataset(args.gpus, args.duration, args.hz, args.seed),
+                dcgm_dataset(args.seed, args.dcgm_ticks, 10_000)]
+    datasets += [npz_dataset(p) for p in args.npz]
+    results = {}
+    for ds in datasets:
+        results[ds.name] = run_dataset(ds, args.chunk, not args.no_peers)
+        print_table(ds.name, results[ds.name])
+    fleet = results["fleet"]
+    summary: dict[str, Any] = {
+        "bytes_per_sample": fleet["bytes_per_sample"],
+        "store_bytes_per_sample": fleet["store_bytes_per_sample"],
+        "gorilla_bytes_per_sample": fleet["gorilla_bytes_per_sample"],
+        "victoriametrics_bytes_per_sample": fleet.get("victoriametrics_bytes_per_sample"),
+        "prometheus_bytes_per_sample": fleet.get("prometheus_bytes_per_sample"),
+        "encode_samples_per_s": fleet["encode_samples_per_s"],
+        "decode_samples_per_s": fleet["decode_samples_per_s"],
+        "encode_vs_gorilla": fleet["encode_samples_per_s"] / fleet["gorilla_encode_samples_per_s"],
+        "lossless": all(r["lossless"] for r in results.values()),
+        "target_bytes_per_sample_met": fleet["bytes_per_sample"] <= TARGET_BPS,
+        "target_encode_met": fleet["encode_samples_per_s"] >= TARGET_ENCODE,
+        "target_decode_met": fleet["decode_samples_per_s"] >= TARGET_DECODE,
+        "beats_victoriametrics_everywhere": (None if args.no_peers else
+                                             all(r["beats_victoriametrics"]
+                                                 for r in results.values())),
+        "config": {"gpus": args.gpus, "duration_s": args.duration, "hz": args.hz,
+                   "chunk": args.chunk, "seed": args.seed, "npz": [str(p) for p in args.npz]},
+        "datasets": results,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    short = {k: v for k, v in summary.items() if k != "datasets"}
+    short["datasets"] = {name: {k: v for k, v in r.items()
+                                if k.endswith("per_sample") or k == "lossless"}
+                         for name, r in results.items()}
+    print(orjson.dumps(short).decode())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
