@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import os
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,15 @@ from detector.shard import DetectorShard
 from schemas.errors import DecodeError
 from schemas.records import AlertRecord
 
-__all__ = ["CheckpointError", "checkpoint_path", "load_shard", "save_shard"]
+__all__ = [
+    "CheckpointError",
+    "atomic_write",
+    "checkpoint_path",
+    "load_shard",
+    "restore_shard",
+    "save_shard",
+    "shard_bytes",
+]
 
 FORMAT_VERSION = 1
 
@@ -82,6 +91,7 @@ def shard_bytes(shard: DetectorShard, offsets: dict[str, int]) -> bytes:
         "gpu_uuid": shard.gpu_uuid,
         "rack_paths": shard.rack_paths,
         "node_ids": shard.node_ids,
+        "node_last_ts": shard.node_last_ts,
         "open_alerts": [rec.to_bytes().decode() for rec in shard.open_alerts.values()],
         "last_ts_ms": shard.last_ts_ms,
         "steps": shard.steps,
@@ -96,21 +106,25 @@ def shard_bytes(shard: DetectorShard, offsets: dict[str, int]) -> bytes:
 def save_shard(state_dir: Path, partition: int, shard: DetectorShard,
                offsets: dict[str, int]) -> Path:
     """Write the checkpoint of one partition atomically; returns its path."""
-    state_dir.mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(state_dir, partition)
+    atomic_write(path, shard_bytes(shard, offsets))
+    return path
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    data = shard_bytes(shard, offsets)
     with open(tmp, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    dir_fd = os.open(state_dir, os.O_RDONLY)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    return path
 
 
 def restore_shard(shard: DetectorShard, data: bytes) -> dict[str, int]:
@@ -119,7 +133,7 @@ def restore_shard(shard: DetectorShard, data: bytes) -> dict[str, int]:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
         meta = orjson.loads(arrays["meta"].tobytes())
-    except (ValueError, KeyError, OSError, orjson.JSONDecodeError) as exc:
+    except (ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:
         raise CheckpointError(f"checkpoint is corrupt: {exc}") from exc
     if meta.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint version {meta.get('version')} != {FORMAT_VERSION}")
@@ -134,6 +148,7 @@ def restore_shard(shard: DetectorShard, data: bytes) -> dict[str, int]:
     shard.rack_paths = list(meta["rack_paths"])
     shard.rack_ids = {p: i for i, p in enumerate(shard.rack_paths)}
     shard.node_ids = {str(k): int(v) for k, v in meta["node_ids"].items()}
+    shard.node_last_ts = {str(k): int(v) for k, v in meta["node_last_ts"].items()}
     shard.rack_of = np.array(arrays["rack_of"], dtype=np.int64)
     shard.last_ts_ms = int(meta["last_ts_ms"])
     shard.steps = int(meta["steps"])

@@ -106,6 +106,9 @@ class AlertConfig:
     """After a resolution, seconds before the same GPU may alert again (level shifts)."""
     top_metrics: int = 3
     """Attributed metrics listed in an alert."""
+    node_veto: float = 0.5
+    """When at least this fraction of a node's GPUs (two or more) score anomalous at the same
+    step, none of them counts: a job started or ended. 1.0 turns the veto off."""
 
     def episode_params(self) -> EpisodeParams:
         return EpisodeParams(self.open_after, self.resolve_after, self.cooldown_s)
@@ -113,6 +116,8 @@ class AlertConfig:
     def validate(self) -> None:
         if self.open_after < 1 or self.resolve_after < 1 or self.cooldown_s < 0:
             raise ConfigError("alerts: open_after >= 1, resolve_after >= 1, cooldown_s >= 0")
+        if not 0.0 < self.node_veto <= 1.0:
+            raise ConfigError(f"alerts.node_veto must be in (0, 1], got {self.node_veto}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,22 +9,26 @@ dimensions in proportion to their range, so balanced units also keep one noisy f
 from drowning the others.
 
 Features (``FEATURES`` order; a metric that is not sampled makes its feature 0, so the
-detector works on any subset of the catalog):
+detector works on any subset of the catalog). Features that swing with the workload get
+coarse units, features that are near 0 on a healthy GPU (residuals, peer deviations, error
+counters) fine ones: RCF isolates a point by cutting the dimensions in proportion to their
+range, so a residual that is normally flat must not be drowned by utilisation's swings.
 
 ===================  ===========================================================================
-temperature          GPU die temperature, ``(T - 30) / 5`` (1 unit = 5 degC)
+temperature          GPU die temperature, ``(T - 30) / 10`` (1 unit = 10 degC)
 memory_temperature   HBM temperature, same scale
 temp_residual        die temperature minus what this GPU's own history predicts from its
                      (smoothed) power draw, ``/ 2`` (1 unit = 2 degC). Exponentially weighted
                      least squares per GPU; catches cooling trouble and a stuck sensor that
                      raw temperature hides under workload swings.
-power                power draw / enforced limit * 5 (1 unit = 20 % of the limit; 500 W
+power                power draw / enforced limit * 2.5 (1 unit = 40 % of the limit; 500 W
                      assumed when the limit is not sampled)
-utilization          GPU utilisation * 5 (1 unit = 20 %). With temperature in the same vector,
-                     "hot while training" and "hot while idle" land in different regions.
-sm_clock             SM clock / the highest clock this GPU has shown * 10 (1 unit = 10 %)
+utilization          GPU utilisation * 2.5 (1 unit = 40 %). With temperature in the same
+                     vector, "hot while training" and "hot while idle" land in different
+                     regions.
+sm_clock             SM clock / the highest clock this GPU has shown * 5 (1 unit = 20 %)
 util_vs_node         utilisation minus the median of the GPUs of the same node * 5: a
-                     straggler idles while its peers compute
+                     straggler is pinned at 100 % while its peers wait for it
 power_vs_node        power fraction minus the node median * 5
 throttle             clock-event reason bits: 2 for a hardware slowdown (HW slowdown,
                      HW thermal, HW power brake), 1 for software thermal slowdown, else 0
@@ -233,16 +237,16 @@ class FeatureState:
         util = row[:, COL["utilization_ratio"]]
         clock = row[:, COL["sm_clock_hertz"]]
 
-        feats[:, 0] = (temp - 30.0) / 5.0
-        feats[:, 1] = (row[:, COL["memory_temperature_celsius"]] - 30.0) / 5.0
+        feats[:, 0] = (temp - 30.0) / 10.0
+        feats[:, 1] = (row[:, COL["memory_temperature_celsius"]] - 30.0) / 10.0
         pfrac = power / np.where(np.isfinite(limit) & (limit > 0), limit, 500.0)
-        feats[:, 3] = pfrac * 5.0
-        feats[:, 4] = util * 5.0
+        feats[:, 3] = pfrac * 2.5
+        feats[:, 4] = util * 2.5
 
         # SM clock relative to the highest this GPU has shown.
         mc = np.fmax(self.max_clock[ids], np.where(np.isfinite(clock), clock, 0.0))
         self.max_clock[ids] = mc
-        feats[:, 5] = np.where(mc > 0, clock / np.where(mc > 0, mc, 1.0), np.nan) * 10.0
+        feats[:, 5] = np.where(mc > 0, clock / np.where(mc > 0, mc, 1.0), np.nan) * 5.0
 
         # Peers on the same node.
         feats[:, 6] = (util - group_median(util, node_groups)) * 5.0

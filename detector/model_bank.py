@@ -50,12 +50,26 @@ class ModelBank:
             self.n = n
 
     def step(self, ids: npt.NDArray[np.int64], points: npt.NDArray[np.float32],
-             ts_ms: int | npt.NDArray[np.int64]) -> BankStep:
-        """Score and learn one point per model, judge it, advance the episodes."""
+             ts_ms: int | npt.NDArray[np.int64], groups: npt.NDArray[np.int64] | None = None,
+             group_veto: float = 1.0) -> BankStep:
+        """Score and learn one point per model, judge it, advance the episodes.
+
+        ``groups`` (one label per row) with ``group_veto`` < 1: where at least that fraction
+        of a group's rows (and two or more) are anomalous at the same step, none of them
+        counts as anomalous. For GPU models the group is the node: every GPU of a node
+        changing at once is a job starting or ending, not a GPU failing (correlated hardware
+        failures are the rack model's and the rules' business).
+        """
         thr_now = self.thresholds.threshold(ids)
         # Attribution is only read when an episode opens, i.e. on an anomalous step.
         batch = self.engine.update(ids, points, attribute_above=thr_now)
         thr, anomalous = self.thresholds.update(ids, batch.scores)
+        if groups is not None and group_veto < 1.0 and anomalous.sum() >= 2:
+            _, inv = np.unique(groups, return_inverse=True)
+            size = np.bincount(inv)
+            hits = np.bincount(inv, weights=anomalous.astype(np.float64))
+            vetoed = (hits >= 2) & (hits >= group_veto * size)
+            anomalous = anomalous & ~vetoed[inv]
         opened, resolved = self.episodes.step(ids, anomalous, batch.scores, ts_ms)
         return BankStep(batch, thr, anomalous, opened, resolved)
 

@@ -22,7 +22,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["RACK_FEATURES", "RACK_SOURCE_COLUMNS", "RackWindows"]
+__all__ = ["RACK_FEATURES", "RACK_SOURCE_COLUMNS", "RACK_WEIGHTS", "RackWindows"]
 
 RACK_FEATURES: Final = (
     "rack_temperature",
@@ -35,6 +35,9 @@ RACK_FEATURES: Final = (
 RACK_SOURCE_COLUMNS: Final = (0, 2, 1, 3, 4, 8)
 """Columns of the GPU feature vector (``detector.features.FEATURES``) each rack feature
 averages; the last is turned into "any throttle bit" before averaging."""
+RACK_WEIGHTS: Final = (1.0, 2.0, 1.0, 1.0, 1.0, 2.0)
+"""Scale of each rack feature over the GPU units: a rack mean is far less noisy than one
+GPU, so the residual (1 unit = 1 degC here) and the throttling fraction weigh double."""
 
 
 class RackWindows:
@@ -82,7 +85,8 @@ class RackWindows:
         out_racks = racks[closing]
         out_start = cur[closing] * self.window_ms
         c = self.counts[out_racks, slot]
-        out_feats = (self.sums[out_racks, slot] / np.maximum(c, 1.0)[:, None]).astype(np.float32)
+        out_feats = (self.sums[out_racks, slot] / np.maximum(c, 1.0)[:, None]
+                     * np.asarray(RACK_WEIGHTS)).astype(np.float32)
         fresh = ~late & (cur != w)
         self.win[racks[fresh], slot] = w
         self.sums[racks[fresh], slot] = 0.0

@@ -84,6 +84,8 @@ class DetectorShard:
         self.rack_paths: list[str] = []
         self.rack_of = np.zeros(0, dtype=np.int64)
         self.node_ids: dict[str, int] = {}
+        self.node_last_ts: dict[str, int] = {}
+        """Newest tick processed per node path: replayed frames are not learned twice."""
         # Open alerts by (entity, source): what a resolution must pair with.
         self.open_alerts: dict[tuple[str, str], AlertRecord] = {}
         self.last_ts_ms = 0
@@ -140,10 +142,13 @@ class DetectorShard:
         """Run steps ``ts_ms`` (T,) of gathered metrics (T, G, K) for GPUs ``ids``."""
         out: list[AlertRecord] = []
         rack_rows = self.rack_of[ids]
+        # GPUs of the same racks missing from this block: candidates for "stopped reporting".
+        absent = np.setdiff1d(np.flatnonzero(np.isin(self.rack_of, rack_rows)), ids)
         for t in range(len(ts_ms)):
-            out.extend(self._step(ids, nodes, int(ts_ms[t]), gathered[t], rack_rows, trace))
-        if len(ts_ms):
-            out.extend(self._check_stale(rack_rows, int(ts_ms[-1])))
+            ts = int(ts_ms[t])
+            out.extend(self._step(ids, nodes, ts, gathered[t], rack_rows, trace))
+            if absent.size:
+                out.extend(self._check_stale(absent, ts))
         return out
 
     def _step(
@@ -154,13 +159,13 @@ class DetectorShard:
         self.last_ts_ms = max(self.last_ts_ms, ts)
         self.steps += 1
         out: list[AlertRecord] = []
-        valid = np.isfinite(row).any(axis=1)
+        valid: npt.NDArray[np.bool_] = np.asarray(np.isfinite(row).any(axis=1))
         feats, inc = self.features.step(ids, row, nodes)
 
         # Forest -> threshold -> hysteresis, for the GPUs that reported.
         vi = np.flatnonzero(valid)
         vids = ids[vi]
-        res = self.gpu_bank.step(vids, feats[vi], ts)
+        res = self.gpu_bank.step(vids, feats[vi], ts, nodes[vi], self.config.alerts.node_veto)
         batch, thr = res.batch, res.thresholds
         for r in res.opened:
             out.append(self._open_model_alert(int(vids[r]), ts, batch, int(r), thr[r], row[vi[r]]))
@@ -214,9 +219,7 @@ class DetectorShard:
                                      float(batch.scores[r])))
         return out
 
-    def _check_stale(self, rack_rows: npt.NDArray[np.int64], now: int) -> list[AlertRecord]:
-        racks = np.unique(rack_rows)
-        members = np.flatnonzero(np.isin(self.rack_of, racks))
+    def _check_stale(self, members: npt.NDArray[np.int64], now: int) -> list[AlertRecord]:
         opened, _ = self.rules.check_stale(members, now)
         out = []
         for r, k in opened:

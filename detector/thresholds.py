@@ -4,8 +4,8 @@ A raw RCF score means different things for different GPUs (a GPU that alternates
 idle and training has a wider normal than one that idles all day), so each model keeps
 exponentially weighted running statistics of its own scores and calls a score anomalous
 when it exceeds ``mean + z * std``, never below an absolute floor. Scores above the
-threshold enter the statistics clipped to the threshold, so an anomaly does not teach the
-model to tolerate itself. During a model's cold start (``warmup`` scored steps) nothing is
+threshold enter the statistics clipped to the threshold and with a tenth of the weight, so
+an anomaly does not teach the model to tolerate itself. During a model's cold start (``warmup`` scored steps) nothing is
 anomalous.
 
 Everything is one vector operation over the models of a call.
@@ -33,15 +33,20 @@ class ThresholdParams:
     """Scored steps per model before it may flag anything (the cold start)."""
     std_floor: float = 0.05
     """Lower bound of the standard deviation, so a very steady GPU is not hair-triggered."""
+    anomalous_weight: float = 0.1
+    """Anomalous scores are learned (clipped) with this fraction of the usual weight: the
+    threshold creeps up under a lasting change instead of jumping, and the forest, which
+    learns the new level itself, brings the scores down meanwhile."""
 
 
 class AdaptiveThresholds:
     """Running score mean and variance per model id (arrays grown on demand)."""
 
-    ARRAYS = ("count", "mean", "var")
+    ARRAYS = ("seen", "count", "mean", "var")
 
     def __init__(self, params: ThresholdParams) -> None:
         self.params = params
+        self.seen = np.zeros(0)
         self.count = np.zeros(0)
         self.mean = np.zeros(0)
         self.var = np.zeros(0)
@@ -49,9 +54,8 @@ class AdaptiveThresholds:
     def ensure(self, n: int) -> None:
         if n > len(self.count):
             extra = n - len(self.count)
-            self.count = np.concatenate([self.count, np.zeros(extra)])
-            self.mean = np.concatenate([self.mean, np.zeros(extra)])
-            self.var = np.concatenate([self.var, np.zeros(extra)])
+            for k in self.ARRAYS:
+                setattr(self, k, np.concatenate([getattr(self, k), np.zeros(extra)]))
 
     def threshold(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         p = self.params
@@ -63,24 +67,34 @@ class AdaptiveThresholds:
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
         """Judge ``scores`` against each model's threshold, then learn them.
 
-        A score of 0 (the engine's own cold start) is neither judged nor learned.
+        A score of 0 (the engine's own cold start) is neither judged nor learned. The first
+        half of the warm-up is burn-in: a forest whose samples are still filling scores
+        erratically, and learning those scores would inflate the spread for a long time.
         Returns (threshold used, anomalous).
         """
         p = self.params
         thr = self.threshold(ids)
         scored = scores > 0.0
+        seen = self.seen[ids]
         count = self.count[ids]
-        anomalous = scored & (count >= p.warmup) & (scores > thr)
-        # Before warm-up the threshold is not trusted, so learn scores unclipped.
-        x = np.where(count >= p.warmup, np.minimum(scores, thr), scores)
+        anomalous = scored & (seen >= p.warmup) & (scores > thr)
+        learn = scored & (seen >= p.warmup // 2)
+        # Once a few scores are in, clip outliers even during the warm-up.
+        x = np.where(count >= 30, np.minimum(scores, thr), scores)
         a = np.maximum(1.0 / (count + 1.0), 1.0 / p.horizon)
+        # Scores in the upper half of the band learn slowly too: a gradual rise must not
+        # drag the threshold up with it (the boiling frog).
+        std = np.maximum(np.sqrt(self.var[ids]), p.std_floor)
+        high = (count >= 30) & (scores > self.mean[ids] + 0.5 * p.z * std)
+        a = np.where(anomalous | high, a * p.anomalous_weight, a)
         mean = self.mean[ids]
         d = x - mean
         new_mean = mean + a * d
         new_var = (1.0 - a) * (self.var[ids] + a * d * d)
-        self.mean[ids] = np.where(scored, new_mean, mean)
-        self.var[ids] = np.where(scored, new_var, self.var[ids])
-        self.count[ids] = count + scored
+        self.mean[ids] = np.where(learn, new_mean, mean)
+        self.var[ids] = np.where(learn, new_var, self.var[ids])
+        self.count[ids] = count + learn
+        self.seen[ids] = seen + scored
         return thr, anomalous
 
     def state_arrays(self, prefix: str) -> dict[str, npt.NDArray[np.float64]]:

@@ -1,0 +1,101 @@
+"""The detector's scoring path end to end on one shard: model alerts, attribution, context,
+rack alerts, and checkpoints that restore to identical behaviour."""
+
+from __future__ import annotations
+
+import numpy as np
+from test_detector_support import healthy, small_config, timestamps
+
+from detector.checkpoint import CheckpointError, restore_shard, shard_bytes
+from detector.features import COL
+from detector.shard import DetectorShard, StepTrace
+from schemas.records import AlertState
+
+RACK = "c1/row-a/rack-1"
+
+
+def _shard(gpus: int = 8, config: object = None) -> tuple[DetectorShard, np.ndarray, np.ndarray]:
+    shard = DetectorShard(config or small_config())  # type: ignore[arg-type]
+    paths = [f"{RACK}/node-{g // 4}/gpu-{g % 4}" for g in range(gpus)]
+    ids, nodes = shard.register(paths, [RACK] * gpus, [p.rsplit("/", 1)[0] for p in paths])
+    return shard, ids, nodes
+
+
+def test_hot_gpu_raises_one_model_alert_naming_temperature_high() -> None:
+    shard, ids, nodes = _shard()
+    data = healthy(700, 8, seed=4)
+    data[450:, 3, COL["temperature_celsius"]] += 20.0
+    data[450:, 3, COL["memory_temperature_celsius"]] += 20.0
+    alerts = shard.process(ids, nodes, timestamps(700), data)
+    model = [a for a in alerts if a.source.startswith("model:") and a.level == "gpu"]
+    assert [a.entity for a in model if a.state is AlertState.FIRING] == [f"{RACK}/node-0/gpu-3"]
+    fire = model[0]
+    assert 450_000 <= fire.started_ms - timestamps(1)[0] <= 470_000
+    assert fire.score > fire.threshold > 0
+    top = {a.metric for a in fire.attribution[:2]}
+    assert top & {"fleetpulse_gpu_temperature_celsius",
+                  "fleetpulse_gpu_memory_temperature_celsius",
+                  "fleetpulse_gpu_temperature_celsius:residual_vs_power"}, fire.attribution
+    assert all(a.direction == "high" for a in fire.attribution
+               if a.metric.startswith("fleetpulse_gpu_temperature"))
+    assert fire.context["utilization_state"] in {"busy", "idle"}
+    assert "temperature_celsius" in fire.context["values"]
+
+
+def test_no_alert_during_cold_start_even_for_wild_data() -> None:
+    shard, ids, nodes = _shard(4)
+    data = healthy(150, 4, seed=5)
+    data[60:, 1, COL["temperature_celsius"]] += 40.0
+    alerts = shard.process(ids, nodes, timestamps(150), data)
+    assert not [a for a in alerts if a.source.startswith("model:")]
+
+
+def test_rack_model_sees_a_cooling_wave() -> None:
+    shard, ids, nodes = _shard(8)
+    data = healthy(1100, 8, seed=6)
+    ramp = np.clip((np.arange(1100) - 800) / 60.0, 0, 1) * 12.0
+    data[:, :, COL["temperature_celsius"]] += ramp[:, None]
+    data[:, :, COL["memory_temperature_celsius"]] += ramp[:, None]
+    alerts = shard.process(ids, nodes, timestamps(1100), data)
+    rack = [a for a in alerts if a.level == "rack" and a.state is AlertState.FIRING]
+    assert [a.entity for a in rack] == [RACK]
+    assert rack[0].started_ms - timestamps(1)[0] >= 800_000
+    early = [a for a in alerts if a.started_ms - timestamps(1)[0] < 800_000
+             and a.state is AlertState.FIRING]
+    assert not early
+
+
+def test_checkpoint_restore_continues_exactly() -> None:
+    data = healthy(520, 4, seed=7)
+    data[400:, 2, COL["utilization_ratio"]] = 1.0
+    data[400:, 2, COL["sm_clock_hertz"]] = 1.2e9
+    ts = timestamps(520)
+    whole, ids, nodes = _shard(4)
+    trace_whole = StepTrace()
+    alerts_whole = whole.process(ids, nodes, ts, data, trace_whole)
+
+    first, ids, nodes = _shard(4)
+    alerts = first.process(ids, nodes, ts[:300], data[:300])
+    blob = shard_bytes(first, {"samples": 123})
+    second = DetectorShard(small_config())
+    assert restore_shard(second, blob) == {"samples": 123}
+    ids2, nodes2 = second.register([f"{RACK}/node-0/gpu-{g}" for g in range(4)],
+                                   [RACK] * 4, [f"{RACK}/node-0"] * 4)
+    assert ids2.tolist() == ids.tolist()
+    trace = StepTrace()
+    alerts += second.process(ids2, nodes2, ts[300:], data[300:], trace)
+    assert alerts == alerts_whole
+    np.testing.assert_array_equal(np.array(trace.scores), np.array(trace_whole.scores[300:]))
+    assert any(a.source.startswith("model:") for a in alerts)
+
+
+def test_corrupt_or_foreign_checkpoint_is_refused() -> None:
+    shard, ids, nodes = _shard(2)
+    shard.process(ids, nodes, timestamps(20), healthy(20, 2))
+    blob = shard_bytes(shard, {"samples": 1})
+    try:
+        restore_shard(DetectorShard(small_config()), blob[: len(blob) // 2])
+    except CheckpointError as exc:
+        assert "corrupt" in str(exc)
+    else:
+        raise AssertionError("a torn checkpoint was accepted")

@@ -1,0 +1,74 @@
+"""Helpers shared by the detector tests (no tests here): small configs and GPU data.
+
+The data is a simple, seeded stand-in for a node's GPUs: utilisation alternating between
+idle and busy phases, power and temperature following it with noise, clocks steady. It is
+deliberately plainer than ``agent.fleet`` so a test can say exactly what it injected.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from detector.config import AlertConfig, DetectorConfig, ModelConfig, RackModelConfig
+from detector.features import COL, GATHERED
+from schemas.catalog import BY_NAME
+from schemas.frame import SampleFrame
+from schemas.identity import NodeIdentity
+
+T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+
+
+def small_config(**overrides: object) -> DetectorConfig:
+    """A detector that warms up in 150 steps and runs fast with any engine."""
+    model = ModelConfig(trees=12, sample_size=64, warmup=150, horizon=400)
+    rack = RackModelConfig(trees=10, sample_size=32, warmup=20, window_s=5.0)
+    alerts = AlertConfig(open_after=3, resolve_after=20, cooldown_s=120.0)
+    base = {"model": model, "rack": rack, "alerts": alerts}
+    base.update(overrides)
+    return DetectorConfig(**base)  # type: ignore[arg-type]
+
+
+def healthy(steps: int, gpus: int, seed: int = 0) -> npt.NDArray[np.float64]:
+    """(steps, gpus, len(GATHERED)) gathered metrics of well-behaved GPUs."""
+    rng = np.random.default_rng(seed)
+    x = np.full((steps, gpus, len(GATHERED)), np.nan)
+    phase = (np.arange(steps) // 40) % 2  # 40 s idle, 40 s busy, as one node
+    util = np.clip(phase[:, None] * 0.9 + rng.normal(0.03, 0.02, (steps, gpus)), 0, 1)
+    x[:, :, COL["utilization_ratio"]] = np.round(util, 2)
+    power = 80 + 500 * util + rng.normal(0, 4, (steps, gpus))
+    x[:, :, COL["power_usage_watts"]] = np.round(power, 3)
+    x[:, :, COL["power_limit_watts"]] = 700.0
+    temp = np.empty((steps, gpus))
+    t = np.full(gpus, 35.0)
+    for s in range(steps):
+        t += (30 + 0.06 * power[s] - t) / 15.0
+        temp[s] = t
+    x[:, :, COL["temperature_celsius"]] = np.round(temp + rng.normal(0, 0.3, temp.shape))
+    x[:, :, COL["memory_temperature_celsius"]] = np.round(temp + 5)
+    x[:, :, COL["sm_clock_hertz"]] = np.where(phase[:, None] > 0, 1.98e9, 0.345e9)
+    x[:, :, COL["clock_event_reasons"]] = np.where(phase[:, None] > 0, 0, 1)
+    for name in ("ecc_sbe_volatile_total", "ecc_dbe_volatile_total", "nvlink_crc_errors_total",
+                 "nvlink_replay_errors_total", "nvlink_recovery_errors_total",
+                 "pcie_replay_errors_total", "ecc_dbe_aggregate_total"):
+        x[:, :, COL[name]] = 0.0
+    x[:, :, COL["row_remap_failure"]] = 0.0
+    return x
+
+
+def timestamps(steps: int, start: int = 0) -> npt.NDArray[np.int64]:
+    return T0_MS + 1000 * np.arange(start, start + steps, dtype=np.int64)
+
+
+GATHERED_IDS = np.array([BY_NAME[m].id for m in GATHERED], dtype=np.uint16)
+
+
+def frame(node: str, rack: str, ts: npt.NDArray[np.int64], values: npt.NDArray[np.float64],
+          seq: int, cluster: str = "c1", row: str = "row-a") -> SampleFrame:
+    """A sample frame of one node carrying the gathered metrics (T, G, K) in catalog ids."""
+    g = values.shape[1]
+    return SampleFrame(
+        identity=NodeIdentity(cluster, row, rack, node), agent=f"{node}.1", seq=seq,
+        metric_ids=GATHERED_IDS, gpus=np.arange(g, dtype=np.int32),
+        uuids=tuple(f"GPU-{node}-{i}" for i in range(g)), ts=np.asarray(ts, dtype=np.int64),
+        values=np.ascontiguousarray(values))

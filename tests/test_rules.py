@@ -1,0 +1,79 @@
+"""Deterministic health rules, driven through a real DetectorShard (real forest engine)."""
+
+from __future__ import annotations
+
+import numpy as np
+from test_detector_support import healthy, small_config, timestamps
+
+from detector.features import COL
+from detector.shard import DetectorShard
+from schemas.records import AlertRecord, AlertState, Severity
+
+RACK = "c1/row-a/rack-1"
+
+
+def _shard() -> tuple[DetectorShard, np.ndarray, np.ndarray]:
+    shard = DetectorShard(small_config())
+    paths = [f"{RACK}/node-{g // 4}/gpu-{g % 4}" for g in range(8)]
+    ids, nodes = shard.register(paths, [RACK] * 8, [p.rsplit("/", 1)[0] for p in paths])
+    return shard, ids, nodes
+
+
+def _rule_alerts(alerts: list[AlertRecord]) -> list[tuple[str, str, str, int]]:
+    return [(a.state.value, a.source, a.entity.rsplit("/", 2)[-2] + "/" +
+             a.entity.rsplit("/", 1)[-1], (a.updated_ms - timestamps(1)[0]) // 1000)
+            for a in alerts if a.source.startswith("rule:")]
+
+
+def test_hardware_xid_fires_once_and_resolves_after_the_hold_while_app_xids_do_not() -> None:
+    shard, ids, nodes = _shard()
+    data = healthy(700, 8)
+    data[100, 2, COL["xid"]] = 79.0  # fallen off the bus: critical
+    data[120, 2, COL["xid"]] = 79.0  # a repeat keeps the same alert open
+    data[100, 5, COL["xid"]] = 13.0  # graphics exception: the application's fault
+    data[300, 6, COL["xid"]] = 92.0  # high single-bit ECC rate: warning
+    alerts = shard.process(ids, nodes, timestamps(700), data)
+    got = _rule_alerts(alerts)
+    assert ("firing", "rule:xid", "node-0/gpu-2", 100) in got
+    assert ("resolved", "rule:xid", "node-0/gpu-2", 720) not in got  # hold is 600 s
+    assert ("firing", "rule:xid", "node-1/gpu-2", 300) in got
+    assert not [g for g in got if "node-1/gpu-1" in g[2]]
+    assert len([g for g in got if g[2] == "node-0/gpu-2"]) == 1
+    crit = next(a for a in alerts if a.entity.endswith("node-0/gpu-2"))
+    assert crit.severity is Severity.CRITICAL and crit.summary.startswith("XID 79")
+    warn = next(a for a in alerts if a.entity.endswith("node-1/gpu-2"))
+    assert warn.severity is Severity.WARNING
+
+
+def test_dbe_increase_row_remap_failure_and_slowdown_bits() -> None:
+    shard, ids, nodes = _shard()
+    data = healthy(400, 8)
+    data[50:, 0, COL["ecc_dbe_volatile_total"]] = 1.0
+    data[60:, 1, COL["row_remap_failure"]] = 1.0
+    data[70:72, 3, COL["clock_event_reasons"]] = 0x40  # two steps: below open_after
+    data[80:150, 4, COL["clock_event_reasons"]] = 0x20 | 0x04
+    data[90:100, 5, COL["clock_event_reasons"]] = 0x80 | 0x08  # power brake
+    got = _rule_alerts(shard.process(ids, nodes, timestamps(400), data))
+    assert ("firing", "rule:ecc_dbe", "node-0/gpu-0", 50) in got
+    assert ("firing", "rule:row_remap_failure", "node-0/gpu-1", 60) in got
+    assert ("firing", "rule:thermal_slowdown", "node-1/gpu-0", 82) in got
+    assert ("resolved", "rule:thermal_slowdown", "node-1/gpu-0", 209) in got  # 60 s clear
+    assert ("firing", "rule:hw_slowdown", "node-1/gpu-1", 92) in got
+    assert not [g for g in got if g[2] == "node-0/gpu-3"]
+
+
+def test_gpu_lost_when_all_nan_or_when_silent_while_its_rack_reports() -> None:
+    shard, ids, nodes = _shard()
+    data = healthy(300, 8)
+    data[100:, 7, :] = np.nan  # still in frames, every metric NaN
+    ts = timestamps(300)
+    alerts = shard.process(ids, nodes, ts[:200], data[:200])
+    # GPU 6 disappears from the frames entirely; GPUs 0-5 keep reporting.
+    keep = np.arange(6)
+    alerts += shard.process(ids[keep], nodes[keep], ts[200:], data[200:, keep])
+    got = _rule_alerts(alerts)
+    assert ("firing", "rule:gpu_lost", "node-1/gpu-3", 104) in got
+    lost6 = [g for g in got if g[1] == "rule:gpu_lost" and g[2] == "node-1/gpu-2"]
+    assert len(lost6) == 1 and lost6[0][0] == "firing"
+    assert 215 <= lost6[0][3] <= 225  # 15 s stale + 5 checks
+    assert all(a.state is AlertState.FIRING for a in alerts if a.source == "rule:gpu_lost")
