@@ -1,0 +1,123 @@
+"""The detector service on the in-memory transport (Kafka semantics, one process): frames
+in, alerts out keyed by entity, bad input dead-lettered and counted, checkpoints written and
+restored, event-topic rules."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+from test_detector_support import frame, healthy, small_config, timestamps
+
+from detector.checkpoint import checkpoint_path
+from detector.features import COL
+from detector.service import DetectorService
+from fleetpulse.config import TransportConfig
+from fleetpulse.transport import Message, Transport, open_transport
+from schemas.frame import encode_frame
+from schemas.identity import NodeIdentity
+from schemas.records import AlertRecord, AlertState, EventKind, EventRecord
+from schemas.topics import Topics
+
+
+def _config(tmp_path: Path, name: str) -> object:
+    return small_config(transport=TransportConfig(bootstrap=f"memory://{name}"),
+                        state_dir=tmp_path / "state", partitions=2, metrics_port=-1,
+                        checkpoint_interval_s=0.5)
+
+
+async def _publish_fleet(transport: Transport, topics: Topics, steps: int,
+                         start: int = 0) -> None:
+    data = healthy(start + steps, 8, seed=11)[start:]
+    xid_step = 60 - start
+    if 0 <= xid_step < steps:
+        data[xid_step, 5, COL["xid"]] = 79.0
+    ts = timestamps(steps, start)
+    for s in range(0, steps, 5):
+        for n, node in enumerate(("node-0", "node-1")):
+            f = frame(node, "rack-1", ts[s:s + 5], data[s:s + 5, 4 * n:4 * n + 4],
+                      seq=(start + s) // 5)
+            await transport.send(topics.samples, encode_frame(f), key=f.identity.rack_key)
+    await transport.flush()
+
+
+async def _read_all(transport: Transport, topic: str) -> list[Message]:
+    consumer = transport.consumer([topic], f"reader-{uuid.uuid4().hex}")
+    out: list[Message] = []
+    try:
+        while batch := await consumer.getmany(timeout_ms=300):
+            out.extend(batch)
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def _run_until(service: DetectorService, done: object, timeout: float = 60) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not done() and asyncio.get_running_loop().time() < deadline:  # type: ignore[operator]
+        await asyncio.sleep(0.1)
+        if task.done():
+            break
+    stop.set()
+    await task
+
+
+async def test_frames_in_alerts_out_bad_input_dead_lettered(tmp_path: Path) -> None:
+    name = f"det-{uuid.uuid4().hex}"
+    config = _config(tmp_path, name)
+    transport = open_transport(config.transport)  # type: ignore[attr-defined]
+    await transport.start()
+    topics = Topics()
+    service = DetectorService(config, transport)  # type: ignore[arg-type]
+    await transport.ensure_topics({topics.samples: 2, topics.events: 2, topics.alerts: 2,
+                                   topics.deadletter: 1})
+    await transport.send_and_wait(topics.samples, b"FPSF\x01garbage", key=b"c1/row-a/rack-1")
+    await transport.send_and_wait(topics.events, b"{not json", key=b"c1/row-a/rack-1/node-0")
+    ident = NodeIdentity("c1", "row-a", "rack-9", "node-7")
+    event = EventRecord(EventKind.XID, ident, "node-7.1", int(timestamps(1)[0]), gpu=3,
+                        data={"xid": 48})
+    await transport.send_and_wait(topics.events, event.to_bytes(), key=event.key)
+    await _publish_fleet(transport, topics, 120)
+    await _run_until(service, lambda: service.stats.frames >= 48 and service.stats.events >= 1)
+
+    assert service.stats.deadletter == {topics.samples: 1, topics.events: 1}
+    dead = await _read_all(transport, topics.deadletter)
+    reasons = sorted(dict(m.headers)["fp-reason"].decode()[:20] for m in dead)
+    assert len(dead) == 2 and all(reasons)
+    alerts = [(m.key, AlertRecord.from_bytes(m.value))
+              for m in await _read_all(transport, topics.alerts)]
+    firing = {(a.entity, a.source) for _, a in alerts if a.state is AlertState.FIRING}
+    assert ("c1/row-a/rack-1/node-1/gpu-1", "rule:xid") in firing
+    assert ("c1/row-a/rack-9/node-7/gpu-3", "rule:event_xid") in firing
+    assert all(key == a.entity.encode() for key, a in alerts)
+    # The final checkpoint holds the models of the partition that carried the rack.
+    assert any(checkpoint_path(tmp_path / "state", p).exists() for p in range(2))
+    await transport.close()
+
+
+async def test_restart_restores_models_and_does_not_repeat_alerts(tmp_path: Path) -> None:
+    name = f"det-{uuid.uuid4().hex}"
+    config = _config(tmp_path, name)
+    transport = open_transport(config.transport)  # type: ignore[attr-defined]
+    await transport.start()
+    topics = Topics()
+    await transport.ensure_topics({topics.samples: 2, topics.events: 2, topics.alerts: 2,
+                                   topics.deadletter: 1})
+    await _publish_fleet(transport, topics, 100)
+    first = DetectorService(config, transport)  # type: ignore[arg-type]
+    await _run_until(first, lambda: first.stats.frames >= 40)
+    models_before = sum(len(s.gpu_paths) for s in first.shards.values())
+
+    await _publish_fleet(transport, topics, 100, start=100)
+    second = DetectorService(config, transport)  # type: ignore[arg-type]
+    await _run_until(second, lambda: second.stats.frames >= 40)
+    # Restored, not relearned: only the new frames were processed, models came back.
+    assert second.stats.frames == 40
+    assert sum(len(s.gpu_paths) for s in second.shards.values()) == models_before == 8
+    alerts = [AlertRecord.from_bytes(m.value) for m in await _read_all(transport, topics.alerts)]
+    firing = [a.id for a in alerts if a.state is AlertState.FIRING]
+    assert len(firing) == len(set(firing)) >= 1
+    await transport.close()
