@@ -22,6 +22,7 @@ COMMANDS: Final[tuple[str, ...]] = (
     "fleet",
     "aggregator",
     "query",
+    "backtest",
 )
 
 
