@@ -1,0 +1,122 @@
+"""``fleetpulse alerts tail``: follow the alert topic as a readable table (or JSON lines).
+
+    fleetpulse alerts tail [--config config/detector.toml] [--bootstrap B] [--prefix P]
+                           [--json] [--from-beginning] [--idle-exit S]
+
+Reads with its own throw-away consumer group, so it never moves the detector's offsets.
+By default it shows alerts from now on; ``--from-beginning`` replays the topic's history.
+A record that does not decode is shown as such and skipped (the tail never dies on bad
+input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+from fleetpulse.config import ConfigError, load_config
+from schemas.errors import DecodeError
+from schemas.records import AlertRecord, AlertState
+
+__all__ = ["format_row", "register", "run"]
+
+HEADER = (f"{'time (UTC)':<19}  {'state':<8}  {'severity':<8}  {'entity':<40}  "
+          f"{'source':<22}  {'score/thr':>11}  summary")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("alerts", help="read the alert topic", description=__doc__)
+    alerts_sub = p.add_subparsers(dest="alerts_command", metavar="SUBCOMMAND", required=True)
+    t = alerts_sub.add_parser("tail", help="follow alerts as a table or JSON lines")
+    t.add_argument("--config", type=Path, help="TOML with a [transport] table "
+                   "(config/detector.toml works)")
+    t.add_argument("--bootstrap", help="Kafka bootstrap (or memory://NAME)")
+    t.add_argument("--prefix", help="topic prefix")
+    t.add_argument("--json", action="store_true", help="one JSON object per line")
+    t.add_argument("--from-beginning", action="store_true", help="replay the topic's history")
+    t.add_argument("--idle-exit", type=float, default=0.0,
+                   help="exit after this many seconds without a new alert (0: follow forever)")
+    t.set_defaults(func=run)
+
+
+def format_row(rec: AlertRecord) -> str:
+    """One alert as a table row: when, what state, where, why."""
+    when = datetime.fromtimestamp(rec.updated_ms / 1000.0, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    state = "FIRING" if rec.state is AlertState.FIRING else "resolved"
+    why = rec.summary
+    if rec.attribution and rec.source.startswith("model:"):
+        why = "; ".join(f"{a.metric.removeprefix('fleetpulse_gpu_')} {a.direction} "
+                        f"{a.weight:.0%}" for a in rec.attribution)
+    entity = rec.entity if len(rec.entity) <= 40 else "…" + rec.entity[-39:]
+    return (f"{when:<19}  {state:<8}  {rec.severity.value:<8}  {entity:<40}  "
+            f"{rec.source[:22]:<22}  {rec.score:>5.2f}/{rec.threshold:<5.2f}  {why}")
+
+
+async def _tail(args: argparse.Namespace, out: TextIO) -> int:
+    from fleetpulse.transport import TransportConfig, open_transport
+    from schemas.topics import Topics
+
+    table: dict[str, Any] = {}
+    if args.config:
+        import tomllib
+
+        try:
+            with open(args.config, "rb") as fh:
+                table = dict(tomllib.load(fh).get("transport", {}))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"config file {args.config}: {exc}") from exc
+    if args.bootstrap:
+        table["bootstrap"] = args.bootstrap
+    if args.prefix:
+        table["topic_prefix"] = args.prefix
+    cfg = load_config(TransportConfig, overrides=table)
+    transport = open_transport(cfg)
+    await transport.start()
+    topics = Topics(cfg.topic_prefix)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    consumer = transport.consumer([topics.alerts], f"fleetpulse-alerts-tail-{uuid.uuid4().hex}",
+                                  from_beginning=args.from_beginning)
+    if not args.json:
+        print(HEADER, file=out, flush=True)
+    last = time.monotonic()
+    try:
+        while not stop.is_set():
+            msgs = await consumer.getmany(timeout_ms=300, max_records=500)
+            if msgs:
+                last = time.monotonic()
+            elif args.idle_exit and time.monotonic() - last >= args.idle_exit:
+                break
+            for msg in msgs:
+                try:
+                    rec = AlertRecord.from_bytes(msg.value)
+                except DecodeError as exc:
+                    print(f"# offset {msg.partition}:{msg.offset}: not an alert record: {exc}",
+                          file=sys.stderr)
+                    continue
+                if args.json:
+                    out.write(rec.to_bytes().decode() + "\n")
+                else:
+                    out.write(format_row(rec) + "\n")
+            out.flush()
+    finally:
+        await consumer.stop()
+        await transport.close()
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return asyncio.run(_tail(args, sys.stdout))
+    except ConfigError as exc:
+        print(f"alerts: {exc}", file=sys.stderr)
+        return 2
