@@ -23,6 +23,8 @@ COMMANDS: Final[tuple[str, ...]] = (
     "aggregator",
     "query",
     "backtest",
+    "alerts",
+    "detector",
 )
 
 
