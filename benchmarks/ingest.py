@@ -80,12 +80,6 @@ class Stage:
         return self.name in COMMANDS
 
 
-def _stage_env(cmd: str, ctx: RunContext) -> dict[str, str]:
-    up = f"FLEETPULSE_{cmd.upper()}_TRANSPORT__"
-    return {f"{up}BOOTSTRAP": ctx.bootstrap, f"{up}TOPIC_PREFIX": ctx.prefix,
-            f"{up}CLIENT_ID": f"bench-{cmd}"}
-
-
 STAGES: dict[str, Stage] = {
     "decode": Stage(
         "decode",
@@ -95,20 +89,25 @@ STAGES: dict[str, Stage] = {
     ),
     "aggregator": Stage(
         "aggregator",
-        lambda ctx: [sys.executable, "-m", "fleetpulse", "aggregator", "--bootstrap",
-                     ctx.bootstrap, "--data-dir", str(ctx.workdir / "aggregator"),
+        lambda ctx: [sys.executable, "-m", "fleetpulse", "aggregator",
+                     "--bootstrap", ctx.bootstrap, "--topic-prefix", ctx.prefix,
+                     "--group", f"{ctx.prefix}.aggregator",
+                     "--data-dir", str(ctx.workdir / "aggregator" / "data"),
+                     "--state-dir", str(ctx.workdir / "aggregator" / "state"),
                      "--listen", "127.0.0.1:0"],
-        lambda ctx: _stage_env("aggregator", ctx),
         group_hint="aggregator",
     ),
     "detector": Stage(
         "detector",
-        lambda ctx: [sys.executable, "-m", "fleetpulse", "detector", "--bootstrap",
-                     ctx.bootstrap],
-        lambda ctx: _stage_env("detector", ctx),
+        lambda ctx: [sys.executable, "-m", "fleetpulse", "detector",
+                     "--bootstrap", ctx.bootstrap, "--prefix", ctx.prefix,
+                     "--group", f"{ctx.prefix}.detector",
+                     "--state-dir", str(ctx.workdir / "detector"),
+                     "--metrics-port", "-1", "--quiet"],
         group_hint="detector",
     ),
 }
+"""Stage name -> how to run it; each gets its own consumer group named after the stage."""
 
 
 # ------------------------------------------------------------------ decode-only consumer
@@ -534,7 +533,7 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
             row["decode_errors"] = final.get("errors")
             row["latency_ms_p50"] = final.get("latency_ms_p50")
             row["latency_ms_p99"] = final.get("latency_ms_p99")
-        if procs[st.name].returncode not in (0, -signal.SIGTERM, None):
+        if group is None or procs[st.name].returncode not in (0, -signal.SIGTERM, None):
             row["exit_code"] = procs[st.name].returncode
             row["stderr_tail"] = errs[st.name][-10:]
         per_stage[st.name] = row

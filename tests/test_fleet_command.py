@@ -105,6 +105,9 @@ def _check_agents(frames, topo: Topology, ticks: int) -> None:
         assert sorted(seqs) == list(range(len(seqs))), agent  # contiguous, no duplicates
         assert seqs == sorted(seqs), agent  # in order (one partition per rack key)
         assert ticks_by_agent[agent] == ticks
+    # Frames are staggered across nodes: not every node closes a frame on the same tick.
+    first_lengths = {f.shape[0] for _, f in frames if f.seq == 0}
+    assert len(first_lengths) > 1 or ticks == 1
 
 
 @pytest.mark.kafka
@@ -117,8 +120,9 @@ def test_live_fleet_publishes_every_node_in_order(kafka_bootstrap: str, unique_p
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     topo = Topology(64)
-    # 15 ticks in frames of 4: 4 frames per node (4 + 4 + 4 + 3 ticks).
-    assert summary["frames"] == summary["frames_acked"] == 4 * topo.nodes
+    # 15 ticks in frames of at most 4, nodes staggered: 4 or 5 frames per node.
+    assert summary["frames"] == summary["frames_acked"]
+    assert 4 * topo.nodes <= summary["frames"] <= 5 * topo.nodes
     assert summary["metrics"] == 64 * 15 * len(METRICS)
     assert "metrics/s" in proc.stderr and "ack p50" in proc.stderr
     assert len(read_labels(labels)) >= 3

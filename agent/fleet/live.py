@@ -195,6 +195,12 @@ async def _publish_loop(
     stop: asyncio.Event,
     progress: TextIO | None,
 ) -> None:
+    """Generate ticks on schedule and publish each node's frame every ``ticks_per_frame``.
+
+    Nodes are staggered: node ``n`` closes its frame on ticks ``k`` with
+    ``k % per == n % per``, as independent agents would, so the broker sees a steady
+    stream instead of every node's frame in one burst every ``per`` ticks.
+    """
     loop = asyncio.get_running_loop()
     nodes, gpn, m = topo.nodes, topo.gpn, len(METRICS)
     per = cfg.ticks_per_frame
@@ -202,6 +208,9 @@ async def _publish_loop(
     seqs = [AgentSequence(new_agent_id(ident.node)) for ident in idents]
     local = np.arange(gpn, dtype=np.int32)
     uuids = [model.uuids[topo.gpus_of_node(n)] for n in range(nodes)]
+    groups = [_Group(np.arange(j, nodes, per), gpn, idents, seqs, uuids)
+              for j in range(min(per, nodes))]
+    last_pub = [-1] * len(groups)
     ts_buf = np.empty((per, nodes), dtype=np.int64)
     val_buf = np.empty((per, topo.gpus, m))
     t0 = loop.time()
@@ -218,49 +227,67 @@ async def _publish_loop(
                 break
         elif cfg.realtime:
             stats.behind_s_max = max(stats.behind_s_max, now - due)
-        slot = k % per
-        ts, values = model.step(out=val_buf[slot])
-        ts_buf[slot] = ts
+        ts, values = model.step(out=val_buf[k % per])
+        ts_buf[k % per] = ts
+        await _send_events(timer, topics, idents, seqs, model, topo, ts, values, stats)
+        j = k % per
+        if j < len(groups):
+            await _send_frames(publisher, groups[j], local, ts_buf, val_buf, last_pub[j] + 1,
+                               k + 1, stats)
+            last_pub[j] = k
         k += 1
         stats.ticks = k
-        await _send_events(timer, topics, idents, seqs, model, topo, ts, values, stats)
-        if slot == per - 1 or k >= total_ticks:
-            await _send_frames(publisher, idents, seqs, local, uuids, ts_buf[: slot + 1],
-                               val_buf[: slot + 1].reshape(slot + 1, nodes, gpn, m), stats)
         if progress is not None and cfg.progress_s and loop.time() - last[0] >= cfg.progress_s:
             last = _progress_line(progress, loop.time(), last, stats, timer, publisher, k,
                                   total_ticks)
-    # A stop between frames: publish the ticks already generated, so nothing is dropped.
-    slot = k % per
-    if slot and stop.is_set():
-        await _send_frames(publisher, idents, seqs, local, uuids, ts_buf[:slot],
-                           val_buf[:slot].reshape(slot, nodes, gpn, m), stats)
+    # The end (or a stop): every node publishes the ticks it still holds; nothing is dropped.
+    for j, group in enumerate(groups):
+        if last_pub[j] + 1 < k:
+            await _send_frames(publisher, group, local, ts_buf, val_buf, last_pub[j] + 1, k,
+                               stats)
     if progress is not None and cfg.progress_s:
         _progress_line(progress, loop.time(), last, stats, timer, publisher, k, total_ticks)
         progress.write("\n")
 
 
+class _Group:
+    """Nodes that close their frames on the same tick, with their GPU rows precomputed."""
+
+    def __init__(self, nodes: npt.NDArray[np.intp], gpn: int, idents: Sequence[Any],
+                 seqs: Sequence[AgentSequence], uuids: Sequence[tuple[str, ...]]) -> None:
+        self.nodes = nodes
+        self.gpus = (nodes[:, None] * gpn + np.arange(gpn)).ravel()
+        self.gpn = gpn
+        self.idents = [idents[n] for n in nodes.tolist()]
+        self.seqs = [seqs[n] for n in nodes.tolist()]
+        self.uuids = [uuids[n] for n in nodes.tolist()]
+
+
 async def _send_frames(
     publisher: Publisher,
-    idents: Sequence[Any],
-    seqs: Sequence[AgentSequence],
+    group: _Group,
     local: npt.NDArray[np.int32],
-    uuids: Sequence[tuple[str, ...]],
-    ts: npt.NDArray[np.int64],
-    values: npt.NDArray[np.float64],
+    ts_buf: npt.NDArray[np.int64],
+    val_buf: npt.NDArray[np.float64],
+    first: int,
+    stop: int,
     stats: LiveStats,
 ) -> None:
-    """One frame per node: ``ts`` (T, nodes), ``values`` (T, nodes, gpn, M)."""
-    per_frame = values.shape[0] * values.shape[2] * values.shape[3]
-    for n, ident in enumerate(idents):
-        seq = seqs[n]
-        frame = SampleFrame(ident, seq.agent, seq.next(), METRIC_IDS, local, uuids[n],
-                            ts[:, n], values[:, n])
+    """One frame per node of ``group`` holding ticks ``first .. stop-1`` from the ring."""
+    per = ts_buf.shape[0]
+    slots = np.arange(first, stop) % per
+    t = slots.size
+    ts = ts_buf[np.ix_(slots, group.nodes)]
+    values = val_buf[np.ix_(slots, group.gpus)].reshape(t, group.nodes.size, group.gpn, -1)
+    for i, ident in enumerate(group.idents):
+        seq = group.seqs[i]
+        frame = SampleFrame(ident, seq.agent, seq.next(), METRIC_IDS, local, group.uuids[i],
+                            ts[:, i], values[:, i])
         await publisher.publish_frame(frame)
-        if n % _YIELD_EVERY == _YIELD_EVERY - 1:
+        if i % _YIELD_EVERY == _YIELD_EVERY - 1:
             await asyncio.sleep(0)
-    stats.frames += len(idents)
-    stats.metrics += per_frame * len(idents)
+    stats.frames += len(group.idents)
+    stats.metrics += values.size
 
 
 async def _send_events(
