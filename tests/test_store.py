@@ -211,3 +211,15 @@ def test_survives_kill_9_mid_write(tmp_path: Path) -> None:
             assert np.array_equal(ts, np.arange(ts.size) * 1000)  # no holes, no extras
             want = np.sin(ts * 1e-4 + sid).round(3)
             assert np.array_equal(_bits(v), _bits(want))  # nothing corrupt
+
+
+@pytest.mark.parametrize("ids", [np.arange(5, 600), np.array([3]), np.array([1, 5, 2, 100_000]),
+                                 np.array([7, 3, -1]), np.array([1, 2, 4, 2**62]),
+                                 np.array([0, 300, 200, -40_000, 2**31 - 1])])
+def test_series_ids_in_records_round_trip_compactly(ids: np.ndarray) -> None:
+    from aggregator.store.segment import decode_ids, encode_ids
+
+    form, raw = encode_ids(ids.astype(np.int64))
+    back, end = decode_ids(form, ids.size, b"xx" + raw, 2)
+    assert back.tolist() == ids.tolist() and end == len(raw) + 2
+    assert len(raw) <= 8 * ids.size + 8

@@ -1,7 +1,8 @@
 # numba kernels mix Python ints with numpy scalars (np.int64 / np.uint64 are what numba
-# infers and needs for bit arithmetic); mypy's numpy stubs cannot follow that, so these three
-# codes are off for this file only. The Python API at the bottom is fully typed.
-# mypy: disable-error-code="arg-type,assignment,return-value"
+# infers and needs for bit arithmetic) and call numba intrinsics (ctlz/cttz) whose stubs
+# take a typing context; mypy cannot follow either, so these codes are off for this file
+# only. The Python API at the bottom is fully typed.
+# mypy: disable-error-code="arg-type,assignment,return-value,call-arg"
 """Chunk codec: groups of float64 series sharing int64 timestamps <-> bytes, lossless.
 
 A leaf module (numpy and numba only, nothing of the project), in the spirit of Prometheus'
@@ -61,6 +62,7 @@ from typing import Final
 import numba as nb
 import numpy as np
 import numpy.typing as npt
+from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
 __all__ = [
     "C_CONST",
@@ -170,38 +172,13 @@ def _unzz(z: np.uint64) -> np.int64:  # pragma: no cover - numba
 
 @nb.njit(inline="always", cache=True)
 def _bitlen(z: np.uint64) -> int:  # pragma: no cover - numba
-    n = 0
-    if z >= U64(1) << U64(32):
-        z >>= U64(32)
-        n += 32
-    if z >= U64(1) << U64(16):
-        z >>= U64(16)
-        n += 16
-    if z >= U64(1) << U64(8):
-        z >>= U64(8)
-        n += 8
-    while z:
-        z >>= U64(1)
-        n += 1
-    return n
+    """Bits needed for z (0 for 0): one LLVM ctlz (defined for 0, returns 64)."""
+    return 64 - np.int64(leading_zeros(z))
 
 
 @nb.njit(inline="always", cache=True)
 def _ctz(x: np.uint64) -> int:  # pragma: no cover - numba
-    n = 0
-    if (x & U64(0xFFFFFFFF)) == U64(0):
-        x >>= U64(32)
-        n += 32
-    if (x & U64(0xFFFF)) == U64(0):
-        x >>= U64(16)
-        n += 16
-    if (x & U64(0xFF)) == U64(0):
-        x >>= U64(8)
-        n += 8
-    while (x & U64(1)) == U64(0):
-        x >>= U64(1)
-        n += 1
-    return n
+    return np.int64(trailing_zeros(x))
 
 
 # ---------------------------------------------------------------------------- bit reader

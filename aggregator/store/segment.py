@@ -10,8 +10,11 @@ Byte layout (little-endian)::
     file_header (32 B) := b"FPSEG001" | i64 start_ms | i64 span_ms | u32 crc32(previous 24 B)
                           | u32 reserved (0)
     record := u32 magic 0x52435046 ("FPCR") | u32 body_len | u32 crc32(body) | body
-    body   := u8 kind (1 sealed, 2 partial) | u8 reserved | u16 reserved | u32 k | u32 n
-              | i64 t_min | i64 t_max | i64 chunk_key | i64 series_ids[k] | codec blob
+    body   := u8 kind (1 sealed, 2 partial) | u8 ids_form | u16 reserved | u32 k | u32 n
+              | i64 t_min | i64 t_max | i64 chunk_key | ids | codec blob
+    ids    := ids_form 0: i64 first | i64 step               (an arithmetic sequence)
+              ids_form 1, 2, 4: i64 first | int{8,16,32} deltas[k-1] (consecutive differences)
+              ids_form 8: i64 series_ids[k]
 
 ``kind`` says whether the record holds a whole chunk (sealed) or the samples of an open
 chunk made durable by a flush (partial); ``chunk_key`` (the chunk's first timestamp) lets
@@ -84,22 +87,57 @@ def write_file_header(start_ms: int, span_ms: int) -> bytes:
     return head + struct.pack("<II", zlib.crc32(head), 0)
 
 
+_DELTA_TYPES: Final = {1: "<i1", 2: "<i2", 4: "<i4"}
+
+
+def encode_ids(ids: npt.NDArray[np.int64]) -> tuple[int, bytes]:
+    """(ids_form, bytes): a group's ids are usually a run or close together, so they
+    cost 16 bytes or 1-4 bytes each instead of 8 in every record."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    if ids.size >= 2:
+        d = np.diff(ids)
+        if (d == d[0]).all():
+            return 0, struct.pack("<qq", int(ids[0]), int(d[0]))
+        for width, dt in _DELTA_TYPES.items():
+            info = np.iinfo(dt)
+            if d.min() >= info.min and d.max() <= info.max:
+                return width, struct.pack("<q", int(ids[0])) + d.astype(dt).tobytes()
+    return 8, ids.astype("<i8").tobytes()
+
+
+def decode_ids(form: int, k: int, body: bytes, offset: int) -> tuple[npt.NDArray[np.int64], int]:
+    """Inverse of :func:`encode_ids`: (ids, offset after them)."""
+    if form == 0:
+        first, step = struct.unpack_from("<qq", body, offset)
+        return first + step * np.arange(k, dtype=np.int64), offset + 16
+    if form in _DELTA_TYPES:
+        (first,) = struct.unpack_from("<q", body, offset)
+        d = np.frombuffer(body, dtype=_DELTA_TYPES[form], count=k - 1, offset=offset + 8)
+        ids = np.empty(k, np.int64)
+        ids[0] = first
+        np.cumsum(d, dtype=np.int64, out=ids[1:])
+        ids[1:] += first
+        return ids, offset + 8 + form * (k - 1)
+    if form == 8:
+        return np.frombuffer(body, dtype="<i8", count=k, offset=offset).astype(np.int64), \
+            offset + 8 * k
+    raise ValueError(f"unknown ids form {form}")
+
+
 def encode_record(kind: int, series_ids: npt.NDArray[np.int64], n: int, t_min: int, t_max: int,
                   chunk_key: int, blob: bytes) -> bytes:
     """One framed record ready to append."""
-    ids = np.ascontiguousarray(series_ids, dtype="<i8")
-    body = b"".join((BODY_HEADER.pack(kind, 0, 0, ids.size, n, t_min, t_max, chunk_key),
-                     ids.tobytes(), blob))
+    form, ids = encode_ids(series_ids)
+    body = b"".join((BODY_HEADER.pack(kind, form, 0, len(series_ids), n, t_min, t_max,
+                                      chunk_key), ids, blob))
     return RECORD_HEADER.pack(RECORD_MAGIC, len(body), zlib.crc32(body)) + body
 
 
 def decode_record_body(body: bytes) -> tuple[RecordInfo, bytes]:
     """Split a CRC-verified body into its index entry (offset 0) and codec blob."""
-    kind, _, _, k, n, t_min, t_max, chunk_key = BODY_HEADER.unpack_from(body, 0)
-    start = BODY_HEADER.size
-    ids = np.frombuffer(body, dtype="<i8", count=k, offset=start).astype(np.int64)
-    blob = body[start + 8 * k:]
-    return RecordInfo(0, 0, kind, n, t_min, t_max, chunk_key, ids), blob
+    kind, form, _, k, n, t_min, t_max, chunk_key = BODY_HEADER.unpack_from(body, 0)
+    ids, end = decode_ids(form, k, body, BODY_HEADER.size)
+    return RecordInfo(0, 0, kind, n, t_min, t_max, chunk_key, ids), body[end:]
 
 
 def read_record_blob(f: BinaryIO, offset: int, length: int) -> bytes:
@@ -141,7 +179,10 @@ def scan_segment(path: Path, truncate: bool = True) -> tuple[int, int, list[Reco
             body = f.read(body_len)
             if len(body) < body_len or zlib.crc32(body) != crc:
                 break
-            info, _ = decode_record_body(body)
+            try:
+                info, _ = decode_record_body(body)
+            except (ValueError, struct.error):  # a valid CRC over a body we cannot read
+                break
             length = RECORD_HEADER.size + body_len
             records.append(RecordInfo(offset, length, info.kind, info.n, info.t_min,
                                       info.t_max, info.chunk_key, info.series_ids))
