@@ -266,3 +266,21 @@ def test_open_source_by_name() -> None:
         open_source("nope", ctx)
     cfg = replace(load_agent_config(None, environ={}))
     assert cfg.source.name == "nvml"
+
+
+def test_deploy_configs_are_valid(tmp_path: Path) -> None:
+    """The DaemonSet's embedded agent.toml loads with the env it sets; the unit runs us."""
+    import textwrap
+
+    manifest = (REPO / "deploy" / "agent-daemonset.yaml").read_text()
+    block = manifest.split("agent.toml: |\n", 1)[1].split("\n---", 1)[0]
+    toml = tmp_path / "agent.toml"
+    toml.write_text(textwrap.dedent(block))
+    cfg = load_agent_config(toml, environ={"FLEETPULSE_AGENT_IDENTITY__NODE": "gpu-node-1",
+                                           "FLEETPULSE_AGENT_IDENTITY__RACK": "rack-0"})
+    assert cfg.identity.resolved().node == "gpu-node-1"
+    assert cfg.transport.bootstrap.startswith("kafka-0") and cfg.metrics.port == 9108
+    assert '"-m", "agent"' in manifest
+    unit = (REPO / "deploy" / "fleetpulse-agent.service").read_text()
+    assert "ExecStart=/opt/fleetpulse/.venv/bin/python -m agent --config" in unit
+    assert "KillSignal=SIGTERM" in unit
