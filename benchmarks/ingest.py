@@ -110,6 +110,64 @@ STAGES: dict[str, Stage] = {
 """Stage name -> how to run it; each gets its own consumer group named after the stage."""
 
 
+_API_LINE = re.compile(r"query API on (http://[0-9.]+:\d+)")
+_RATE = re.compile(r"([\d,]+(?:\.\d+)?) metrics/s")
+
+
+class RollupProbe:
+    """Sample timestamp -> rollup visible in the aggregator's query API.
+
+    Every ``interval`` seconds it asks the API (Prometheus ``query_range`` on the 10 s tier)
+    for the newest rack-level power window. When a newer window appears, the latency is
+    the wall time now minus the window's timestamp (the step at its end), i.e. how long
+    after its last sample a window became queryable. Resolution: the poll interval.
+    """
+
+    QUERY = 'fleetpulse_gpu_power_usage_watts{level="rack"}'
+
+    def __init__(self, stderr: list[str], interval: float = 0.5) -> None:
+        self.stderr = stderr
+        self.interval = interval
+        self.latencies_s: list[float] = []
+        self.errors = 0
+        self.newest = 0.0
+
+    def _url(self) -> str | None:
+        for line in self.stderr:
+            if m := _API_LINE.search(line):
+                return m.group(1)
+        return None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as http:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.interval)
+                base = self._url()
+                if base is None:
+                    continue
+                now = time.time()
+                end = now // 10 * 10
+                params = {"query": self.QUERY, "start": str(end - 120), "end": str(end),
+                          "step": "10", "resolution": "10s"}
+                try:
+                    async with http.get(f"{base}/api/v1/query_range", params=params,
+                                        timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                        body = await resp.json()
+                except (aiohttp.ClientError, TimeoutError, ValueError):
+                    self.errors += 1
+                    continue
+                stamps = [float(t) for series in body.get("data", {}).get("result", ())
+                          for t, v in series.get("values", ()) if v not in ("NaN", None)]
+                newest = max(stamps, default=0.0)
+                if newest > self.newest:
+                    if self.newest:  # the first one seen may be old: not a latency
+                        self.latencies_s.append(now - newest)
+                    self.newest = newest
+
+
 # ------------------------------------------------------------------ decode-only consumer
 
 
@@ -304,6 +362,19 @@ class Monitor:
             self.lag.setdefault(group, Series()).add(t, lag_s)
 
 
+def generator_rate(gpus: int, seconds: float = 1.0) -> float:
+    """Metrics per CPU-second of the fleet model alone (one core), for ``gpus`` GPUs."""
+    from agent.fleet import METRICS, FleetModel, Topology
+
+    model = FleetModel(Topology(gpus), hz=1.0, seed=0)
+    model.step()
+    ticks, t0 = 0, time.process_time()
+    while (spent := time.process_time() - t0) < seconds:
+        model.step()
+        ticks += 1
+    return ticks * gpus * len(METRICS) / spent
+
+
 def _start_broker(workdir: Path) -> tuple[str, Path]:
     broker_dir = workdir / "broker"
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "kafka.sh"), "start", "--dir",
@@ -349,6 +420,7 @@ async def _read_lines(stream: asyncio.StreamReader | None, sink: list[str]) -> N
 
 
 async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    gen = generator_rate(args.gpus)
     with tempfile.TemporaryDirectory(prefix="fp-ingest-") as tmp:
         workdir = Path(tmp)
         broker_dir: Path | None = None
@@ -356,7 +428,9 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         if not bootstrap:
             bootstrap, broker_dir = _start_broker(workdir)
         try:
-            return await _run(args, bootstrap, workdir, broker_dir)
+            result = await _run(args, bootstrap, workdir, broker_dir)
+            result["generator_metrics_per_cpu_s"] = round(gen, 1)
+            return result
         finally:
             if broker_dir is not None:
                 _stop_broker(broker_dir)
@@ -402,6 +476,9 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
         await spawn(st.name, st.argv(ctx), st.env(ctx))
     monitor = Monitor(bootstrap, topics.samples, args.partitions)
     await monitor.start()
+    probe_stop = asyncio.Event()
+    probe = RollupProbe(errs["aggregator"]) if "aggregator" in procs else None
+    probe_task = asyncio.create_task(probe.run(probe_stop)) if probe else None
     await asyncio.sleep(args.settle)  # let the consumers join their groups
     broker_pid = _broker_pid(broker_dir, bootstrap)
     kids = _proc_children()
@@ -474,9 +551,13 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 5)
     await monitor.close()
+    probe_stop.set()
+    if probe_task is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(probe_task, 10)
     assert t_end is not None
     return _report(args, stages, monitor, outputs, errs, t_end, drained_at, cpu0, cpu_end,
-                   broker0, broker_end, busy0, busy_end, load0, procs)
+                   broker0, broker_end, busy0, busy_end, load0, procs, probe)
 
 
 def _last_json(lines: list[str]) -> dict[str, Any]:
@@ -493,7 +574,8 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
             drained_at: float | None, cpu0: dict[str, float], cpu_end: dict[str, float],
             broker0: float, broker_end: float, busy0: float, busy_end: float,
             load0: tuple[float, float, float],
-            procs: dict[str, asyncio.subprocess.Process]) -> dict[str, Any]:
+            procs: dict[str, asyncio.subprocess.Process],
+            probe: RollupProbe | None) -> dict[str, Any]:
     fleet = _last_json(outputs["fleet"])
     if not fleet:
         raise SystemExit("the fleet printed no summary:\n" + "\n".join(errs["fleet"][-30:]))
@@ -521,13 +603,21 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
             rate = c.slope(warm, window) * metrics_per_frame
             lag = monitor.lag[group]
             lag_in = [v for t, v in zip(lag.t, lag.v, strict=True) if t <= window]
-            consumed = c.at(window) * metrics_per_frame
+            # A stage that caught up after the load processed everything produced; one that
+            # did not is credited with what it committed by the end of the load.
+            caught_up = bool(c.v) and monitor.end.v and c.v[-1] >= monitor.end.v[-1]
+            consumed = produced if caught_up else c.at(window) * metrics_per_frame
             row.update({
                 "metrics_per_s": round(rate, 1),
                 "lag_max_s": round(max(lag_in), 2) if lag_in else None,
                 "lag_final_s": round(lag.at(window), 2),
+                "caught_up": bool(caught_up),
                 "cpu_s_per_million": round(cpu / (consumed / 1e6), 3) if consumed else None,
             })
+        said = [float(m.group(1).replace(",", "")) for line in errs.get(st.name, ())
+                if (m := _RATE.search(line))]
+        if said:
+            row["self_reported_metrics_per_s_median"] = round(float(np.median(said)), 1)
         final = _last_json(outputs.get(st.name, []))
         if final.get("final"):
             row["decode_errors"] = final.get("errors")
@@ -576,6 +666,10 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
         "drain_s": round(drained_at - t_end, 2) if drained_at is not None else None,
         "latency_ms_p50": decode.get("latency_ms_p50"),
         "latency_ms_p99": decode.get("latency_ms_p99"),
+        "latency_what": "newest sample of a frame -> decoded by the decode stage",
+        "rollup_visible_s_p50": _q(probe.latencies_s, 50) if probe else None,
+        "rollup_visible_s_p99": _q(probe.latencies_s, 99) if probe else None,
+        "rollup_visible_what": "end of a 10 s window -> its rack rollup answers a query_range",
         "bottleneck": bottleneck,
         "bottleneck_reason": why,
         "per_stage": per_stage,
@@ -594,6 +688,10 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
                          for g, s in monitor.lag.items()},
     }
     return result
+
+
+def _q(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 2) if values else None
 
 
 def _print_table(r: dict[str, Any]) -> None:
@@ -619,9 +717,11 @@ def _print_table(r: dict[str, Any]) -> None:
         line(name, row)
     print(f"end to end {r['metrics_per_s']:,.0f} metrics/s, lag max {r['lag_max_s']} s, "
           f"final {r['lag_final_s']} s, drain {r['drain_s']} s, latency p50 "
-          f"{r['latency_ms_p50']} ms p99 {r['latency_ms_p99']} ms; bottleneck: "
+          f"{r['latency_ms_p50']} ms p99 {r['latency_ms_p99']} ms; rollup visible p50 "
+          f"{r['rollup_visible_s_p50']} s p99 {r['rollup_visible_s_p99']} s; bottleneck: "
           f"{r['bottleneck']} ({r['bottleneck_reason']}); other processes used "
-          f"{r['machine']['other_processes_cores']} cores meanwhile")
+          f"{r['machine']['other_processes_cores']} cores meanwhile; the fleet model alone "
+          f"generates {r['generator_metrics_per_cpu_s']:,.0f} metrics per CPU-second")
 
 
 def main(argv: list[str] | None = None) -> int:
