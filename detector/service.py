@@ -183,7 +183,12 @@ class DetectorService:
                     log.error("partition %d: %s; starting its models afresh", p, exc)
                     shard, offsets = DetectorShard(self.config, self.engine), None
                 self.shards[p] = shard
-                if offsets is not None:
+                if offsets is None:
+                    # No checkpoint: the partition is replayed from the committed offset (or
+                    # the start), so anything it ever published may come again.
+                    for q in range(self._alert_partitions):
+                        alert_from[q] = 0
+                else:
                     self.next_offset[tp] = offsets["samples"]
                     for key, off in offsets.items():
                         if key.startswith("alerts:"):
