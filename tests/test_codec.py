@@ -43,7 +43,11 @@ def _cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     noise = rng.random(40)
     special = _f([*(_bits(np.array(SPECIAL))), *NAN_PAYLOADS] * 4)[:40]
     ratio = np.round(rng.random(40), 2)
+    beat = np.tile([386.0, 689.0, 672.0], 14)[:40] + np.round(rng.normal(0, 2, 40), 3)
+    rhythm = np.round(np.tile([0.1, 0.98, 0.97, 0.99, 0.12], 8) + rng.integers(0, 2, 40) / 100, 2)
+    energy_beat = np.round(5e6 + np.cumsum(beat) * 1000) / 1000
     return {
+        "periodic": (t, np.stack([beat, rhythm, energy_beat], axis=1)),
         "fleet_like": (t, np.stack([temp, power, energy, clocks, fb, counter, noise, special,
                                     ratio, np.full(40, 700.0), np.full(40, -0.0)], axis=1)),
         "one_sample": (t[:1], np.array([[1.5, np.nan]])),
@@ -155,8 +159,14 @@ def _groups(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
     ts = [start + i * step + j for i, j in enumerate(jitter)]
     cols = []
     for _ in range(k):
-        kind = draw(st.sampled_from(["any", "walk", "const"]))
-        if kind == "const":
+        kind = draw(st.sampled_from(["any", "walk", "const", "periodic"]))
+        if kind == "periodic":
+            period = draw(st.integers(2, 9))
+            shape = draw(st.lists(st.integers(-(10**5), 10**5), min_size=period,
+                                  max_size=period))
+            noise = draw(st.lists(st.integers(-3, 3), min_size=n, max_size=n))
+            cols.append([ref.f2u((shape[i % period] + noise[i]) / 1000) for i in range(n)])
+        elif kind == "const":
             cols.append([draw(_value_bits)] * n)
         elif kind == "walk":
             base = draw(st.integers(-(10**6), 10**6))
@@ -189,3 +199,25 @@ def test_scaled_integers_are_exact_at_the_limits() -> None:
     blob = codec.encode_group(np.arange(3), vals)
     assert _bits(codec.decode_group(blob)[1][:, 0]) == _bits(vals[:, 0])
     assert struct.pack("<d", 0.1 + 0.2) != struct.pack("<d", 0.3)
+
+
+def _lag_of_column(blob: bytes, j: int) -> int:
+    """The lag byte of column j (C_DELTA/C_DOD): tag | e | varint n0 | varint g | lag."""
+    head, tags, sizes = codec.column_layout(blob)
+    pos = head + sum(sizes[:j])
+    assert tags[j] in (codec.C_DELTA, codec.C_DOD)
+    pos += 2
+    for _ in range(2):
+        while blob[pos] & 0x80:
+            pos += 1
+        pos += 1
+    return blob[pos]
+
+
+def test_periodic_load_picks_its_period_as_lag() -> None:
+    ts, vals = _cases()["periodic"]
+    blob = codec.encode_group(ts, vals)
+    assert _lag_of_column(blob, 0) == 3  # a beat of period 3 s sampled at 1 Hz
+    assert _lag_of_column(blob, 1) == 5
+    walk = codec.encode_group(*_cases()["fleet_like"])
+    assert _lag_of_column(walk, 1) == 1  # a random walk gains nothing from a lag

@@ -38,9 +38,12 @@ streams are MSB-first and padded with zero bits to a whole byte)::
       C_XOR       (3): varint nbytes | bits: first value 64 bits, then per value
                        '0' (same) | '10' meaningful bits in the previous window |
                        '11' lz:5 sig:6 (0 means 64) then sig bits      (Gorilla's control bits)
-      C_DELTA     (4): i8 e | varint zz(n0) | varint g | stream of T-1 values m[i]-m[i-1]
-      C_DOD       (5): i8 e | varint zz(n0) | varint g | varint zz(d1) | stream of T-2 dods
-                       where n[i] = n0 + g*m[i], m[0] = 0, d1 = m[1] - m[0]
+      C_DELTA     (4): i8 e | varint zz(n0) | varint g | u8 lag | stream of T-1 values
+                       r[i] = m[i] - m[i-lag]  (m[i] - m[i-1] while i < lag), i = 1..T-1
+      C_DOD       (5): i8 e | varint zz(n0) | varint g | u8 lag | varint zz(d1) | stream of
+                       T-2 values s[i] = d[i] - d[i-lag]  (d[i] - d[i-1] while i-lag < 1),
+                       i = 2..T-1, where d[i] = m[i] - m[i-1]
+                       and everywhere n[i] = n0 + g*m[i], m[0] = 0, d1 = d[1], 1 <= lag <= 8
     stream  := varint nbytes | u8 c (1..3) | u8 width{c} | bits: per value z = zz(x),
                  c=1: z:w0    c=2: '0' z:w0 | '1' z:w1    c=3: '0' z:w0 | '10' z:w1 | '11' z:w2
 
@@ -48,8 +51,10 @@ Value of a scaled integer: ``n / 10**e`` when e >= 0, ``n * 10**-e`` when e < 0 
 -15 <= e <= 15); an encoder uses it only when that reproduces every value bit for bit.
 The encoder picks, per column: C_CONST if all bits are equal, else C_CONST_INT/C_DELTA/C_DOD
 (the fewest bits; DOD only when strictly smaller) if every value is such a decimal, else
-C_XOR. For a stream it picks c and widths with the fewest bits (ties: fewer classes, then
-smaller widths). Decoding validates lengths and tags and raises :class:`CodecError`.
+C_XOR. The lag of each stream is the one (1..8) whose residuals have the fewest bits in
+total (sum of bit lengths; ties: smaller lag), searched only when lag 1 costs more than one
+bit per value; periodic load (an all-reduce rhythm) is where a lag > 1 wins. For a stream
+it picks c and widths with the fewest bits (ties: fewer classes, then smaller widths). Decoding validates lengths and tags and raises :class:`CodecError`.
 
 Plain Gorilla (the benchmark's baseline, no tricks): ``varint T | tsec | C_XOR body`` per
 series (:func:`encode_gorilla`).
@@ -92,6 +97,7 @@ E_MIN: Final = -15
 E_MAX: Final = 15
 N_LIMIT: Final = 1 << 53
 PAD: Final = 16
+MAX_LAG: Final = 8
 NEG_ZERO: Final = np.uint64(1 << 63)
 
 POW10 = np.array([10.0 ** i for i in range(16)], dtype=np.float64)
@@ -575,7 +581,7 @@ def _read_stream(buf: np.ndarray, pos: int, end: int, m: int, out: np.ndarray) -
 
 @nb.njit(cache=True)
 def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, ints: np.ndarray,
-                z1: np.ndarray, z2: np.ndarray, hist: np.ndarray, w1: np.ndarray,
+                dd: np.ndarray, z1: np.ndarray, z2: np.ndarray, hist: np.ndarray, w1: np.ndarray,
                 w2: np.ndarray) -> int:  # pragma: no cover - numba
     n = col.size
     same = True
@@ -601,20 +607,17 @@ def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, in
     g = np.int64(0)
     for i in range(1, n):
         g = _gcd(g, abs(ints[i] - n0))
-    # m[i] = (ints[i] - n0) // g, deltas into z1 (n-1 values), dods into z2 (n-2 values)
-    prev = np.int64(0)
-    prev_d = np.int64(0)
-    d1 = np.int64(0)
+    # in place: ints[i] = m[i] = (n[i] - n0) / g; dd[i] = m[i] - m[i-1] (i >= 1)
+    for i in range(n):
+        ints[i] = (ints[i] - n0) // g
+    dd[0] = 0
     for i in range(1, n):
-        mi = (ints[i] - n0) // g
-        d = mi - prev
-        z1[i - 1] = _zz(d)
-        if i == 1:
-            d1 = d
-        else:
-            z2[i - 2] = _zz(d - prev_d)
-        prev_d = d
-        prev = mi
+        dd[i] = ints[i] - ints[i - 1]
+    lag1 = _best_lag(ints, 0, n, z1)
+    lag2 = _best_lag(dd, 1, n, z2)
+    _lag_stream(ints, 0, n, lag1, z1, True)
+    _lag_stream(dd, 1, n, lag2, z2, True)
+    d1 = dd[1]
     c1, b1 = _plan_stream(z1, n - 1, hist, w1)
     c2, b2 = _plan_stream(z2, n - 2, hist, w2)
     cost1 = ((b1 + 7) // 8) * 8 + 8 * c1
@@ -624,10 +627,45 @@ def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, in
     p = _varint(buf, p, U64(g))
     if cost2 < cost1:
         buf[pos] = C_DOD
-        p = _varint(buf, p, _zz(d1))
+        buf[p] = lag2
+        p = _varint(buf, p + 1, _zz(d1))
         return _write_stream(z2, n - 2, c2, w2, b2, buf, p)
     buf[pos] = C_DELTA
-    return _write_stream(z1, n - 1, c1, w1, b1, buf, p)
+    buf[p] = lag1
+    return _write_stream(z1, n - 1, c1, w1, b1, buf, p + 1)
+
+
+@nb.njit(inline="always", cache=True)
+def _lag_stream(x: np.ndarray, f: int, n: int, lag: int, z: np.ndarray, write: bool) -> int:
+    # pragma: no cover - numba
+    """Residuals of x[f+1:n] against x[i-lag] (x[i-1] while i-lag < f): bits, and z if asked."""
+    bits = 0
+    for i in range(f + 1, n):
+        ref = i - lag if i - lag >= f else i - 1
+        r = _zz(x[i] - x[ref])
+        bits += _bitlen(r)
+        if write:
+            z[i - f - 1] = r
+    return bits
+
+
+@nb.njit(cache=True)
+def _best_lag(x: np.ndarray, f: int, n: int, z: np.ndarray) -> int:  # pragma: no cover
+    """The lag in 1..MAX_LAG with the fewest residual bits (ties: the smaller lag).
+
+    Lags pay off for periodic load (an all-reduce rhythm sampled at 1 Hz); a stream that
+    already costs at most one bit per value is not searched, which keeps encoding fast.
+    """
+    best = _lag_stream(x, f, n, 1, z, False)
+    if best <= n - f - 1:
+        return 1
+    lag = 1
+    for cand in range(2, MAX_LAG + 1):
+        bits = _lag_stream(x, f, n, cand, z, False)
+        if bits < best:
+            best = bits
+            lag = cand
+    return lag
 
 
 @nb.njit(cache=True)
@@ -673,6 +711,12 @@ def _skip_or_dec_column(buf: np.ndarray, pos: int, end: int, n: int, out: np.nda
     if pos < 0:
         return -1
     g = np.int64(ug)
+    if pos >= end:
+        return -1
+    lag = np.int64(buf[pos])
+    pos += 1
+    if lag < 1 or lag > MAX_LAG:
+        return -1
     d1 = np.int64(0)
     if tag == C_DOD:
         zd1, pos = _rvarint(buf, pos, end)
@@ -690,22 +734,26 @@ def _skip_or_dec_column(buf: np.ndarray, pos: int, end: int, n: int, out: np.nda
     pos = _read_stream(buf, pos, end, m, tmp)
     if pos < 0:
         return -1
+    # rebuild m[i] (delta) or d[i] (dod) in place in tmp, shifted by one: tmp[i-1] <-> i
     vals = out.view(np.float64)
-    acc = np.int64(0)
     vals[0] = _decode_scaled(n0, e)
     if tag == C_DELTA:
+        # tmp[i-1] holds r_i; turn it into m_i (m_0 = 0 is implicit)
         for i in range(1, n):
-            acc += tmp[i - 1]
-            vals[i] = _decode_scaled(n0 + g * acc, e)
-    else:
-        d = d1
-        acc = d1
-        if n > 1:
-            vals[1] = _decode_scaled(n0 + g * acc, e)
-        for i in range(2, n):
-            d += tmp[i - 2]
-            acc += d
-            vals[i] = _decode_scaled(n0 + g * acc, e)
+            ref = i - lag if i - lag >= 0 else i - 1
+            tmp[i - 1] += tmp[ref - 1] if ref >= 1 else 0
+            vals[i] = _decode_scaled(n0 + g * tmp[i - 1], e)
+        return pos
+    # dod: tmp[i-2] holds s_i (i >= 2); d_1 = d1; d_i = d_ref + s_i; m_i = m_{i-1} + d_i
+    # keep d_i in tmp[i-2] and m in a running sum; d_1 lives outside the array
+    acc = d1
+    if n > 1:
+        vals[1] = _decode_scaled(n0 + g * acc, e)
+    for i in range(2, n):
+        ref = i - lag if i - lag >= 1 else i - 1
+        tmp[i - 2] += tmp[ref - 2] if ref >= 2 else d1
+        acc += tmp[i - 2]
+        vals[i] = _decode_scaled(n0 + g * acc, e)
     return pos
 
 
@@ -725,6 +773,7 @@ def _enc_group(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, pos: int) -> i
         return pos
     pos = _enc_ts(ts, buf, pos)
     ints = np.empty(n, np.int64)
+    dd = np.empty(n, np.int64)
     z1 = np.empty(max(n, 1), np.uint64)
     z2 = np.empty(max(n, 1), np.uint64)
     hist = np.zeros(66, np.int64)
@@ -732,7 +781,7 @@ def _enc_group(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, pos: int) -> i
     w2 = np.zeros(3, np.int64)
     for j in range(k):
         col = cols[j]
-        pos = _enc_column(col, col.view(np.uint64), buf, pos, ints, z1, z2, hist, w1, w2)
+        pos = _enc_column(col, col.view(np.uint64), buf, pos, ints, dd, z1, z2, hist, w1, w2)
     return pos
 
 

@@ -17,6 +17,7 @@ VERSION = 1
 TS_DOD = 1
 C_CONST, C_CONST_INT, C_XOR, C_DELTA, C_DOD = 1, 2, 3, 4, 5
 E_MIN, E_MAX = -15, 15
+MAX_LAG = 8
 MASK64 = (1 << 64) - 1
 
 
@@ -322,17 +323,32 @@ def enc_column(col: list[float]) -> bytes:
             a, b = b, a % b
         g = a
     m = [(x - n0) // g for x in ints]
-    deltas = [m[i] - m[i - 1] for i in range(1, len(m))]
-    dods = [deltas[i] - deltas[i - 1] for i in range(1, len(deltas))]
-    z1, z2 = [zz(d) for d in deltas], [zz(d) for d in dods]
+    d = [0] + [m[i] - m[i - 1] for i in range(1, len(m))]
+    lag1, lag2 = best_lag(m, 0), best_lag(d, 1)
+    z1, z2 = residuals(m, 0, lag1), residuals(d, 1, lag2)
     w1, b1 = plan(z1)
     w2, b2 = plan(z2)
     cost1 = (b1 + 7) // 8 * 8 + 8 * len(w1)
-    cost2 = (b2 + 7) // 8 * 8 + 8 * len(w2) + 8 * len(varint(zz(deltas[0])))
+    cost2 = (b2 + 7) // 8 * 8 + 8 * len(w2) + 8 * len(varint(zz(d[1])))
     head = bytes([e & 0xFF]) + varint(zz(n0)) + varint(g)
     if cost2 < cost1:
-        return bytes([C_DOD]) + head + varint(zz(deltas[0])) + write_stream(z2, w2, b2)
-    return bytes([C_DELTA]) + head + write_stream(z1, w1, b1)
+        return bytes([C_DOD]) + head + bytes([lag2]) + varint(zz(d[1])) + write_stream(z2, w2, b2)
+    return bytes([C_DELTA]) + head + bytes([lag1]) + write_stream(z1, w1, b1)
+
+
+def residuals(x: list[int], f: int, lag: int) -> list[int]:
+    """zz(x[i] - x[i-lag]) for i > f, against x[i-1] while i - lag < f."""
+    return [zz(x[i] - x[i - lag if i - lag >= f else i - 1]) for i in range(f + 1, len(x))]
+
+
+def best_lag(x: list[int], f: int) -> int:
+    def cost(lag: int) -> int:
+        return sum(z.bit_length() for z in residuals(x, f, lag))
+
+    if cost(1) <= len(x) - f - 1:
+        return 1
+    costs = [cost(lag) for lag in range(1, MAX_LAG + 1)]
+    return costs.index(min(costs)) + 1
 
 
 def dec_column(r: Reader, n: int) -> list[int]:
@@ -355,18 +371,21 @@ def dec_column(r: Reader, n: int) -> list[int]:
     if tag == C_CONST_INT:
         return [f2u(decode_scaled(n0, e))] * n
     g = r.varint()
+    lag = r.byte()
+    if not 1 <= lag <= MAX_LAG:
+        raise ValueError("bad lag")
     if tag == C_DELTA:
-        deltas = read_stream(r, n - 1)
+        m = [0]
+        for i, x in enumerate(read_stream(r, n - 1), start=1):
+            m.append(m[i - lag if i - lag >= 0 else i - 1] + x)
     else:
-        d1 = unzz(r.varint())
-        dods = read_stream(r, n - 2)
-        deltas = [d1]
-        for x in dods:
-            deltas.append(deltas[-1] + x)
-    m = [0]
-    for d in deltas:
-        m.append(m[-1] + d)
-    return [f2u(decode_scaled(n0 + g * x, e)) for x in m]
+        d = [0, unzz(r.varint())]
+        for i, x in enumerate(read_stream(r, n - 2), start=2):
+            d.append(d[i - lag if i - lag >= 1 else i - 1] + x)
+        m = [0]
+        for x in d[1:n]:
+            m.append(m[-1] + x)
+    return [f2u(decode_scaled(n0 + g * x, e)) for x in m[:n]]
 
 
 # ---------------------------------------------------------------------------- groups
