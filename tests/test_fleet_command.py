@@ -154,3 +154,40 @@ def test_sigterm_flushes_whole_ticks(kafka_bootstrap: str, unique_prefix: str):
     frames = asyncio.run(_drain(kafka_bootstrap, unique_prefix, summary["frames"]))
     assert len(frames) == summary["frames"]
     _check_agents(frames, Topology(32), ticks=summary["ticks"])
+
+
+def test_fleet_serves_its_own_metrics_while_running():
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetpulse", "fleet", "--gpus", "16", "--hz", "5",
+         "--duration", "0", "--ticks-per-frame", "2", "--bootstrap", "memory://fleet-test",
+         "--metrics-port", str(port), "--progress", "0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        body = ""
+        deadline = time.monotonic() + 30
+        while "fleetpulse_fleet_frames_total" not in body and time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    body = r.read().decode()
+            except OSError:
+                continue
+        time.sleep(1.0)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            body = r.read().decode()
+        frames = [float(line.split()[-1]) for line in body.splitlines()
+                  if line.startswith("fleetpulse_fleet_frames_total ")]
+        assert frames and frames[0] > 0
+        assert 'fleetpulse_fleet_ack_latency_seconds{quantile="0.99"}' in body
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert f"127.0.0.1:{port}/metrics" in err
+    assert json.loads(out.strip().splitlines()[-1])["frames_lost"] == 0

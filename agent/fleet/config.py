@@ -46,6 +46,9 @@ class FleetConfig:
     """Pace ticks at ``hz`` on the wall clock; False publishes as fast as the broker takes."""
     progress_s: float = 2.0
     """Seconds between progress lines on stderr (0: none)."""
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = -1
+    """Prometheus /metrics of the load generator itself: -1 off, 0 any free port."""
     transport: TransportConfig = field(default_factory=TransportConfig)
 
     def validate(self) -> None:
@@ -70,5 +73,7 @@ class FleetConfig:
             raise ConfigError("ticks_per_frame must be in [1, 4096]")
         if self.partitions < 1 or self.max_in_flight < 1:
             raise ConfigError("partitions and max_in_flight must be >= 1")
+        if not -1 <= self.metrics_port <= 65535:
+            raise ConfigError("metrics_port must be -1 (off), 0 (any) or a port number")
         if self.progress_s < 0:
             raise ConfigError("progress_s must be >= 0")

@@ -19,12 +19,15 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import numpy as np
 import numpy.typing as npt
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from agent.fleet.config import FleetConfig
 from agent.fleet.faults import labels_of, plan_faults, write_labels
@@ -42,7 +45,7 @@ from schemas.frame import SampleFrame
 from schemas.records import EventKind, EventRecord
 from schemas.topics import Topics
 
-__all__ = ["AckTimer", "LiveStats", "run_live"]
+__all__ = ["AckTimer", "FleetCollector", "LiveStats", "run_live", "serve_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +122,47 @@ class LiveStats:
     started: float = field(default_factory=time.monotonic)
 
 
+@dataclass(eq=False)  # registries keep collectors in a set: hash by identity
+class FleetCollector(Collector):
+    """The load generator's own /metrics, read from its stats at scrape time."""
+
+    stats: LiveStats
+    publisher: Publisher
+    timer: AckTimer
+
+    def collect(self) -> Iterator[Metric]:
+        p, s = "fleetpulse_fleet_", self.stats
+        yield CounterMetricFamily(p + "ticks", "Ticks generated.", value=s.ticks)
+        yield CounterMetricFamily(p + "frames", "Frames handed to the publisher.", value=s.frames)
+        yield CounterMetricFamily(p + "metrics", "Metric values published.", value=s.metrics)
+        yield CounterMetricFamily(p + "events", "XID / GPU-lost events sent.", value=s.events)
+        yield GaugeMetricFamily(p + "behind_seconds_max",
+                                "Worst delay of a tick behind its wall-clock schedule.",
+                                value=s.behind_s_max)
+        ps = self.publisher.stats
+        yield CounterMetricFamily(p + "frames_acked", "Frames the broker acknowledged.",
+                                  value=ps.frames_sent)
+        yield CounterMetricFamily(p + "frames_lost", "Frames that failed (no spool).",
+                                  value=ps.lost_frames)
+        yield GaugeMetricFamily(p + "frames_in_flight", "Frames awaiting acknowledgement.",
+                                value=ps.in_flight)
+        lat = self.timer.recent(max(0, self.timer.count - 4096))
+        g = GaugeMetricFamily(p + "ack_latency_seconds",
+                              "Send-to-acknowledgement latency of the last 4096 frames.",
+                              labels=["quantile"])
+        for q in (0.5, 0.99):
+            g.add_metric([str(q)], float(np.quantile(lat, q)) if lat.size else float("nan"))
+        yield g
+
+
+def serve_metrics(collector: Collector, host: str, port: int) -> tuple[int, Any]:
+    """Serve ``collector`` on http://host:port/metrics from a daemon thread; (port, server)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return int(server.server_address[1]), server
+
+
 def _pct(x: npt.NDArray[np.float64], q: float) -> float | None:
     return round(float(np.percentile(x, q)) * 1000.0, 2) if x.size else None
 
@@ -146,16 +190,26 @@ async def run_live(
     await timer.start()
     publisher: Publisher | None = None
     stats = LiveStats()
+    server = None
     try:
         await timer.ensure_topics({topics.samples: cfg.partitions, topics.events: cfg.partitions})
         publisher = Publisher(timer, topics.samples, None, max_in_flight=cfg.max_in_flight)
         await publisher.start()
+        if cfg.metrics_port >= 0:
+            server = serve_metrics(FleetCollector(stats, publisher, timer), cfg.metrics_host,
+                                   cfg.metrics_port)
+            if progress is not None:
+                progress.write(f"fleet /metrics on http://{cfg.metrics_host}:{server[0]}"
+                               "/metrics\n")
         await _publish_loop(cfg, topo, model, timer, publisher, topics, stats, total_ticks,
                             stop, progress)
     finally:
         if publisher is not None:
             await publisher.close(timeout_s=30.0)
         await timer.close()
+        if server is not None:
+            server[1].shutdown()
+            server[1].server_close()
     elapsed = time.monotonic() - stats.started
     lat = timer.recent(0)
     pub = publisher.stats if publisher is not None else None

@@ -54,6 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-speed", action="store_true",
                    help="do not pace at --hz on the wall clock: publish as fast as acked")
     p.add_argument("--progress", type=float, help="seconds between progress lines (0 = none)")
+    p.add_argument("--metrics-port", type=int,
+                   help="serve the fleet's own /metrics on 127.0.0.1:PORT (0 = any free port)")
     p.set_defaults(func=run)
 
 
@@ -62,7 +64,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     for flag, key in (("gpus", "gpus"), ("hz", "hz"), ("duration", "duration_s"),
                       ("seed", "seed"), ("faults", "faults"), ("labels", "labels"),
                       ("ticks_per_frame", "ticks_per_frame"), ("partitions", "partitions"),
-                      ("progress", "progress_s"), ("fault_kinds", "fault_kinds")):
+                      ("progress", "progress_s"), ("fault_kinds", "fault_kinds"),
+                      ("metrics_port", "metrics_port")):
         value = getattr(args, flag)
         if value is not None:
             out[key] = value
