@@ -5,9 +5,11 @@ Two measurements, both on the synthetic source (8 GPUs, every NVML-granular metr
 1. **Daemons.** The real agent (``python -m agent``: sampler, frames, publisher, spool,
    /metrics, on the embedded transport) and a naive agent (same source, same transport, one
    Python dict per metric, one orjson message per tick) run as separate processes at 1 Hz and
-   10 Hz. CPU is read from ``/proc/PID/stat`` over a window after warm-up (so imports are not
+   10 Hz. CPU is read from ``/proc`` over a window after warm-up (so imports are not
    counted), peak RSS from ``VmHWM``. Both pay the synthetic model's cost, which a real NVML
    agent would replace with NVML calls.
+   CPU time is the sum of the threads' scheduler run time (``/proc/PID/task/*/schedstat``,
+   nanoseconds), not ``utime`` in 10 ms ticks, which is too coarse for 0.1 % of a core.
 2. **In process.** The per-tick CPU of gather only, gather + frame building + encoding, and
    gather + dict per metric + orjson, without sleeping, so the agent's own overhead per
    metric can be read without the model's.
@@ -42,8 +44,19 @@ TARGET_RSS_MB = 80.0
 
 
 def _cpu_s(pid: int) -> float:
+    """CPU seconds of all live threads of ``pid``: schedstat (ns) when the kernel has it,
+    else utime + stime (clock ticks, 10 ms resolution)."""
+    total, ok = 0, False
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+            ok = True
+        except (OSError, ValueError, IndexError):
+            continue
+    if ok:
+        return total / 1e9
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def _hwm_mb(pid: int) -> float:
@@ -127,7 +140,7 @@ def run_daemon(impl: str, hz: float, gpus: int, duration: float, warmup: float) 
     cpu = cpu1 - cpu0
     return {
         "impl": impl, "hz": hz, "wall_s": round(wall, 2), "ticks": int(ticks),
-        "late_ticks": late, "cpu_s": round(cpu, 3),
+        "late_ticks": late, "cpu_s": round(cpu, 4),
         "cpu_percent_of_core": round(100 * cpu / wall, 3),
         "cpu_us_per_metric": round(1e6 * cpu / metrics, 3) if metrics else None,
         "peak_rss_mb": round(rss, 1),
@@ -272,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'impl':<11}{'Hz':>5}{'ticks':>7}{'CPU s':>8}{'% core':>8}{'us/metric':>11}"
           f"{'RSS MB':>8}")
     for d in daemons:
-        print(f"{d['impl']:<11}{d['hz']:>5g}{d['ticks']:>7}{d['cpu_s']:>8.3f}"
+        print(f"{d['impl']:<11}{d['hz']:>5g}{d['ticks']:>7}{d['cpu_s']:>8.4f}"
               f"{d['cpu_percent_of_core']:>8.3f}{d['cpu_us_per_metric'] or 0:>11.3f}"
               f"{d['peak_rss_mb']:>8.1f}")
     print(f"in process, per tick of {inproc['metrics_per_tick']} metrics: source "
