@@ -51,9 +51,11 @@ Value of a scaled integer: ``n / 10**e`` when e >= 0, ``n * 10**-e`` when e < 0 
 -15 <= e <= 15); an encoder uses it only when that reproduces every value bit for bit.
 The encoder picks, per column: C_CONST if all bits are equal, else C_CONST_INT/C_DELTA/C_DOD
 (the fewest bits; DOD only when strictly smaller) if every value is such a decimal, else
-C_XOR. The lag of each stream is the one (1..8) whose residuals have the fewest bits in
-total (sum of bit lengths; ties: smaller lag), searched only when lag 1 costs more than one
-bit per value; periodic load (an all-reduce rhythm) is where a lag > 1 wins. For a stream
+C_XOR. A stream's lag is 1 unless another lag wins: the candidate is the lag (2..8) whose
+residuals have the fewest bits in total (sum of bit lengths; ties: smaller lag; searched
+only when lag 1 costs more than one bit per value), and it is used when its planned stream
+(bytes + width bytes) is strictly smaller than lag 1's. Periodic load (an all-reduce
+rhythm sampled at 1 Hz) is where a lag > 1 wins. For a stream
 it picks c and widths with the fewest bits (ties: fewer classes, then smaller widths). Decoding validates lengths and tags and raises :class:`CodecError`.
 
 Plain Gorilla (the benchmark's baseline, no tricks): ``varint T | tsec | C_XOR body`` per
@@ -581,8 +583,9 @@ def _read_stream(buf: np.ndarray, pos: int, end: int, m: int, out: np.ndarray) -
 
 @nb.njit(cache=True)
 def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, ints: np.ndarray,
-                dd: np.ndarray, z1: np.ndarray, z2: np.ndarray, hist: np.ndarray, w1: np.ndarray,
-                w2: np.ndarray) -> int:  # pragma: no cover - numba
+                dd: np.ndarray, z1: np.ndarray, z2: np.ndarray, zs: np.ndarray,
+                hist: np.ndarray, w1: np.ndarray, w2: np.ndarray,
+                ws: np.ndarray) -> int:  # pragma: no cover - numba
     n = col.size
     same = True
     for i in range(1, n):
@@ -613,13 +616,9 @@ def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, in
     dd[0] = 0
     for i in range(1, n):
         dd[i] = ints[i] - ints[i - 1]
-    lag1 = _best_lag(ints, 0, n, z1)
-    lag2 = _best_lag(dd, 1, n, z2)
-    _lag_stream(ints, 0, n, lag1, z1, True)
-    _lag_stream(dd, 1, n, lag2, z2, True)
+    lag1, c1, b1 = _choose_stream(ints, 0, n, z1, w1, zs, ws, hist)
+    lag2, c2, b2 = _choose_stream(dd, 1, n, z2, w2, zs, ws, hist)
     d1 = dd[1]
-    c1, b1 = _plan_stream(z1, n - 1, hist, w1)
-    c2, b2 = _plan_stream(z2, n - 2, hist, w2)
     cost1 = ((b1 + 7) // 8) * 8 + 8 * c1
     cost2 = ((b2 + 7) // 8) * 8 + 8 * c2 + 8 * _varint_len(_zz(d1))
     buf[pos + 1] = np.uint8(e & 0xFF)
@@ -633,6 +632,26 @@ def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, in
     buf[pos] = C_DELTA
     buf[p] = lag1
     return _write_stream(z1, n - 1, c1, w1, b1, buf, p + 1)
+
+
+@nb.njit(cache=True)
+def _choose_stream(x: np.ndarray, f: int, n: int, z: np.ndarray, w: np.ndarray, zs: np.ndarray,
+                   ws: np.ndarray, hist: np.ndarray) -> tuple[int, int, int]:
+    # pragma: no cover - numba
+    """Residual stream of x (lag 1, or the estimated best lag when its exact plan is
+    smaller) into z / w; returns (lag, classes, payload bits)."""
+    _lag_stream(x, f, n, 1, z, True)
+    c, b = _plan_stream(z, n - f - 1, hist, w)
+    lag = _best_lag(x, f, n, zs)
+    if lag == 1:
+        return 1, c, b
+    _lag_stream(x, f, n, lag, zs, True)
+    cs, bs = _plan_stream(zs, n - f - 1, hist, ws)
+    if (bs + 7) // 8 + cs < (b + 7) // 8 + c:
+        z[:n - f - 1] = zs[:n - f - 1]
+        w[:] = ws
+        return lag, cs, bs
+    return 1, c, b
 
 
 @nb.njit(inline="always", cache=True)
@@ -776,12 +795,15 @@ def _enc_group(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, pos: int) -> i
     dd = np.empty(n, np.int64)
     z1 = np.empty(max(n, 1), np.uint64)
     z2 = np.empty(max(n, 1), np.uint64)
+    zs = np.empty(max(n, 1), np.uint64)
     hist = np.zeros(66, np.int64)
     w1 = np.zeros(3, np.int64)
     w2 = np.zeros(3, np.int64)
+    ws = np.zeros(3, np.int64)
     for j in range(k):
         col = cols[j]
-        pos = _enc_column(col, col.view(np.uint64), buf, pos, ints, dd, z1, z2, hist, w1, w2)
+        pos = _enc_column(col, col.view(np.uint64), buf, pos, ints, dd, z1, z2, zs, hist, w1,
+                          w2, ws)
     return pos
 
 

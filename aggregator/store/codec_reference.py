@@ -324,10 +324,8 @@ def enc_column(col: list[float]) -> bytes:
         g = a
     m = [(x - n0) // g for x in ints]
     d = [0] + [m[i] - m[i - 1] for i in range(1, len(m))]
-    lag1, lag2 = best_lag(m, 0), best_lag(d, 1)
-    z1, z2 = residuals(m, 0, lag1), residuals(d, 1, lag2)
-    w1, b1 = plan(z1)
-    w2, b2 = plan(z2)
+    lag1, z1, w1, b1 = choose_stream(m, 0)
+    lag2, z2, w2, b2 = choose_stream(d, 1)
     cost1 = (b1 + 7) // 8 * 8 + 8 * len(w1)
     cost2 = (b2 + 7) // 8 * 8 + 8 * len(w2) + 8 * len(varint(zz(d[1])))
     head = bytes([e & 0xFF]) + varint(zz(n0)) + varint(g)
@@ -339,6 +337,19 @@ def enc_column(col: list[float]) -> bytes:
 def residuals(x: list[int], f: int, lag: int) -> list[int]:
     """zz(x[i] - x[i-lag]) for i > f, against x[i-1] while i - lag < f."""
     return [zz(x[i] - x[i - lag if i - lag >= f else i - 1]) for i in range(f + 1, len(x))]
+
+
+def choose_stream(x: list[int], f: int) -> tuple[int, list[int], list[int], int]:
+    """(lag, residuals, widths, bits): lag 1 unless the estimated best lag plans smaller."""
+    z = residuals(x, f, 1)
+    w, b = plan(z)
+    lag = best_lag(x, f)
+    if lag != 1:
+        zl = residuals(x, f, lag)
+        wl, bl = plan(zl)
+        if (bl + 7) // 8 + len(wl) < (b + 7) // 8 + len(w):
+            return lag, zl, wl, bl
+    return 1, z, w, b
 
 
 def best_lag(x: list[int], f: int) -> int:
