@@ -24,9 +24,16 @@ Step by step (live publishing, the agent's synthetic source)::
     ts, values = model.step()   # ts (nodes,) int64 ms, values (G, M) float64
     # node n's GPUs are rows topo.gpus_of_node(n); columns are METRIC_IDS
 
+Live, through the agent's publisher (what ``fleetpulse fleet`` runs; the demo can too)::
+
+    from agent.fleet.live import LiveFleet
+    fleet = LiveFleet(model, started_transport, Topics(), ticks_per_frame=5, speed=1.0)
+    await fleet.run(stop_event)   # one logical agent per node, frames keyed by rack
+    fleet.summary(); fleet.sim_now_ms; fleet.stats
+
 Modules: topology (names and index arrays), workloads (what nodes run), thermal (inlet air,
 temperatures, clock governor and NVML clock-event bits), faults (kinds, plan, labels), model
-(one tick), export (bulk and .npz).
+(one tick), export (bulk and .npz), live (publishing), config (the command's settings).
 """
 
 from agent.fleet.export import FleetData, generate, load_npz, save_npz

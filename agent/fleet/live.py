@@ -45,7 +45,7 @@ from schemas.frame import SampleFrame
 from schemas.records import EventKind, EventRecord
 from schemas.topics import Topics
 
-__all__ = ["AckTimer", "FleetCollector", "LiveStats", "run_live", "serve_metrics"]
+__all__ = ["AckTimer", "FleetCollector", "LiveFleet", "LiveStats", "run_live", "serve_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +126,10 @@ class LiveStats:
 class FleetCollector(Collector):
     """The load generator's own /metrics, read from its stats at scrape time."""
 
-    stats: LiveStats
-    publisher: Publisher
-    timer: AckTimer
+    fleet: LiveFleet
 
     def collect(self) -> Iterator[Metric]:
-        p, s = "fleetpulse_fleet_", self.stats
+        p, s = "fleetpulse_fleet_", self.fleet.stats
         yield CounterMetricFamily(p + "ticks", "Ticks generated.", value=s.ticks)
         yield CounterMetricFamily(p + "frames", "Frames handed to the publisher.", value=s.frames)
         yield CounterMetricFamily(p + "metrics", "Metric values published.", value=s.metrics)
@@ -139,14 +137,15 @@ class FleetCollector(Collector):
         yield GaugeMetricFamily(p + "behind_seconds_max",
                                 "Worst delay of a tick behind its wall-clock schedule.",
                                 value=s.behind_s_max)
-        ps = self.publisher.stats
+        ps = self.fleet.publisher.stats
         yield CounterMetricFamily(p + "frames_acked", "Frames the broker acknowledged.",
                                   value=ps.frames_sent)
         yield CounterMetricFamily(p + "frames_lost", "Frames that failed (no spool).",
                                   value=ps.lost_frames)
         yield GaugeMetricFamily(p + "frames_in_flight", "Frames awaiting acknowledgement.",
                                 value=ps.in_flight)
-        lat = self.timer.recent(max(0, self.timer.count - 4096))
+        timer = self.fleet.timer
+        lat = timer.recent(max(0, timer.count - 4096))
         g = GaugeMetricFamily(p + "ack_latency_seconds",
                               "Send-to-acknowledgement latency of the last 4096 frames.",
                               labels=["quantile"])
@@ -178,130 +177,204 @@ async def run_live(
     stop = stop or asyncio.Event()
     topo = Topology(cfg.gpus, cfg.gpus_per_node, cfg.nodes_per_rack, cfg.racks_per_row,
                     cfg.cluster)
-    total_ticks = math.inf if cfg.duration_s == 0 else round(cfg.duration_s * cfg.hz)
     plan = plan_faults(topo, cfg.faults, cfg.duration_s, cfg.hz, cfg.seed,
                        cfg.fault_kinds or None) if cfg.faults else []
     if cfg.labels:
         write_labels(cfg.labels, plan)
-    start_ms = time.time_ns() // 1_000_000
-    model = FleetModel(topo, hz=cfg.hz, seed=cfg.seed, start_ms=start_ms, faults=plan)
+    model = FleetModel(topo, hz=cfg.hz, seed=cfg.seed, start_ms=time.time_ns() // 1_000_000,
+                       faults=plan)
     topics = Topics(cfg.transport.topic_prefix)
-    timer = AckTimer(open_transport(cfg.transport))
-    await timer.start()
-    publisher: Publisher | None = None
-    stats = LiveStats()
+    transport = open_transport(cfg.transport)
+    await transport.start()
+    fleet: LiveFleet | None = None
     server = None
     try:
-        await timer.ensure_topics({topics.samples: cfg.partitions, topics.events: cfg.partitions})
-        publisher = Publisher(timer, topics.samples, None, max_in_flight=cfg.max_in_flight)
-        await publisher.start()
+        await transport.ensure_topics({topics.samples: cfg.partitions,
+                                       topics.events: cfg.partitions})
+        fleet = LiveFleet(model, transport, topics, ticks_per_frame=cfg.ticks_per_frame,
+                          max_in_flight=cfg.max_in_flight, realtime=cfg.realtime,
+                          total_ticks=0 if cfg.duration_s == 0
+                          else round(cfg.duration_s * cfg.hz))
         if cfg.metrics_port >= 0:
-            server = serve_metrics(FleetCollector(stats, publisher, timer), cfg.metrics_host,
-                                   cfg.metrics_port)
+            port, server = serve_metrics(FleetCollector(fleet), cfg.metrics_host,
+                                         cfg.metrics_port)
             if progress is not None:
-                progress.write(f"fleet /metrics on http://{cfg.metrics_host}:{server[0]}"
-                               "/metrics\n")
-        await _publish_loop(cfg, topo, model, timer, publisher, topics, stats, total_ticks,
-                            stop, progress)
+                progress.write(f"fleet /metrics on http://{cfg.metrics_host}:{port}/metrics\n")
+        await fleet.run(stop, progress=progress if cfg.progress_s else None,
+                        progress_s=cfg.progress_s)
     finally:
-        if publisher is not None:
-            await publisher.close(timeout_s=30.0)
-        await timer.close()
+        await transport.close()
         if server is not None:
-            server[1].shutdown()
-            server[1].server_close()
-    elapsed = time.monotonic() - stats.started
-    lat = timer.recent(0)
-    pub = publisher.stats if publisher is not None else None
-    return {
-        "gpus": topo.gpus,
-        "nodes": topo.nodes,
-        "metrics_per_gpu": len(METRICS),
-        "hz": cfg.hz,
-        "ticks": stats.ticks,
-        "frames": stats.frames,
-        "metrics": stats.metrics,
-        "events": stats.events,
-        "seconds": round(elapsed, 3),
-        "metrics_per_s": round(stats.metrics / elapsed, 1) if elapsed > 0 else 0.0,
-        "frames_per_s": round(stats.frames / elapsed, 1) if elapsed > 0 else 0.0,
-        "ack_ms_p50": _pct(lat, 50),
-        "ack_ms_p99": _pct(lat, 99),
-        "behind_s_max": round(stats.behind_s_max, 3),
-        "frames_acked": pub.frames_sent if pub else 0,
-        "frames_lost": pub.lost_frames if pub else 0,
-        "frames_rejected": pub.rejected_frames if pub else 0,
-        "faults": len(plan),
-        "labels": len(labels_of(plan)),
-        "start_ms": start_ms,
-    }
+            server.shutdown()
+            server.server_close()
+    return fleet.summary() if fleet is not None else {}
 
 
-async def _publish_loop(
-    cfg: FleetConfig,
-    topo: Topology,
-    model: FleetModel,
-    timer: AckTimer,
-    publisher: Publisher,
-    topics: Topics,
-    stats: LiveStats,
-    total_ticks: float,
-    stop: asyncio.Event,
-    progress: TextIO | None,
-) -> None:
-    """Generate ticks on schedule and publish each node's frame every ``ticks_per_frame``.
+class LiveFleet:
+    """A fleet model published live: one logical agent per node through one Publisher.
+
+    Reusable wherever a fleet must feed a transport (the load generator, the demo): give it
+    a model and a *started* transport (which it does not close), then ``await run(stop)``.
+    ``speed`` > 1 runs simulated time faster than the wall clock; ``realtime=False`` does
+    not pace at all. ``total_ticks`` 0 runs until ``stop``.
 
     Nodes are staggered: node ``n`` closes its frame on ticks ``k`` with
     ``k % per == n % per``, as independent agents would, so the broker sees a steady
     stream instead of every node's frame in one burst every ``per`` ticks.
     """
-    loop = asyncio.get_running_loop()
-    nodes, gpn, m = topo.nodes, topo.gpn, len(METRICS)
-    per = cfg.ticks_per_frame
-    idents = topo.identities
-    seqs = [AgentSequence(new_agent_id(ident.node)) for ident in idents]
-    local = np.arange(gpn, dtype=np.int32)
-    uuids = [model.uuids[topo.gpus_of_node(n)] for n in range(nodes)]
-    groups = [_Group(np.arange(j, nodes, per), gpn, idents, seqs, uuids)
-              for j in range(min(per, nodes))]
-    last_pub = [-1] * len(groups)
-    ts_buf = np.empty((per, nodes), dtype=np.int64)
-    val_buf = np.empty((per, topo.gpus, m))
-    t0 = loop.time()
-    last = (t0, 0, 0, 0)  # time, frames, metrics, ack count at the previous progress line
-    k = 0
-    while k < total_ticks and not stop.is_set():
-        due = t0 + k / cfg.hz
-        now = loop.time()
-        if cfg.realtime and due > now:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(due - now):
-                    await stop.wait()
-            if stop.is_set():
-                break
-        elif cfg.realtime:
-            stats.behind_s_max = max(stats.behind_s_max, now - due)
-        ts, values = model.step(out=val_buf[k % per])
-        ts_buf[k % per] = ts
-        await _send_events(timer, topics, idents, seqs, model, topo, ts, values, stats)
-        j = k % per
-        if j < len(groups):
-            await _send_frames(publisher, groups[j], local, ts_buf, val_buf, last_pub[j] + 1,
-                               k + 1, stats)
-            last_pub[j] = k
-        k += 1
-        stats.ticks = k
-        if progress is not None and cfg.progress_s and loop.time() - last[0] >= cfg.progress_s:
-            last = _progress_line(progress, loop.time(), last, stats, timer, publisher, k,
-                                  total_ticks)
-    # The end (or a stop): every node publishes the ticks it still holds; nothing is dropped.
-    for j, group in enumerate(groups):
-        if last_pub[j] + 1 < k:
-            await _send_frames(publisher, group, local, ts_buf, val_buf, last_pub[j] + 1, k,
-                               stats)
-    if progress is not None and cfg.progress_s:
-        _progress_line(progress, loop.time(), last, stats, timer, publisher, k, total_ticks)
-        progress.write("\n")
+
+    def __init__(self, model: FleetModel, transport: Transport, topics: Topics, *,
+                 ticks_per_frame: int = 5, max_in_flight: int = 2048, realtime: bool = True,
+                 speed: float = 1.0, total_ticks: int = 0) -> None:
+        if ticks_per_frame < 1 or speed <= 0 or total_ticks < 0:
+            raise ValueError("ticks_per_frame >= 1, speed > 0 and total_ticks >= 0 required")
+        self.model = model
+        self.topo = topo = model.topo
+        self.topics = topics
+        self.timer = AckTimer(transport)
+        self.publisher = Publisher(self.timer, topics.samples, None,
+                                   max_in_flight=max_in_flight)
+        self.stats = LiveStats()
+        self.per = ticks_per_frame
+        self.realtime = realtime
+        self.speed = speed
+        self.total_ticks = math.inf if total_ticks == 0 else total_ticks
+        self.sim_now_ms = model.start_ms
+        """Timestamp of the newest generated tick (what "now" is in the simulation)."""
+        self.idents = topo.identities
+        self.seqs = [AgentSequence(new_agent_id(ident.node)) for ident in self.idents]
+        self.uuids = [model.uuids[topo.gpus_of_node(n)] for n in range(topo.nodes)]
+        self.local = np.arange(topo.gpn, dtype=np.int32)
+        self.groups = [_Group(np.arange(j, topo.nodes, self.per), topo.gpn, self.idents,
+                              self.seqs, self.uuids) for j in range(min(self.per, topo.nodes))]
+
+    def summary(self) -> dict[str, Any]:
+        """What the run did; the last line of ``fleetpulse fleet`` and the benchmark's input."""
+        s, ps, topo = self.stats, self.publisher.stats, self.topo
+        elapsed = max(time.monotonic() - s.started, 1e-9)
+        lat = self.timer.recent(0)
+        return {
+            "gpus": topo.gpus,
+            "nodes": topo.nodes,
+            "metrics_per_gpu": len(METRICS),
+            "hz": self.model.hz,
+            "ticks": s.ticks,
+            "frames": s.frames,
+            "metrics": s.metrics,
+            "events": s.events,
+            "seconds": round(elapsed, 3),
+            "metrics_per_s": round(s.metrics / elapsed, 1),
+            "frames_per_s": round(s.frames / elapsed, 1),
+            "ack_ms_p50": _pct(lat, 50),
+            "ack_ms_p99": _pct(lat, 99),
+            "behind_s_max": round(s.behind_s_max, 3),
+            "frames_acked": ps.frames_sent,
+            "frames_lost": ps.lost_frames,
+            "frames_rejected": ps.rejected_frames,
+            "faults": len(self.model.faults),
+            "labels": len(labels_of(self.model.faults)),
+            "start_ms": self.model.start_ms,
+        }
+
+    async def run(self, stop: asyncio.Event, *, progress: TextIO | None = None,
+                  progress_s: float = 2.0) -> None:
+        """Generate ticks on schedule and publish frames until the end or ``stop``.
+
+        Every tick generated is published (a stop between frames flushes the partial
+        frames) and the publisher is closed, i.e. flushed, before this returns.
+        """
+        loop = asyncio.get_running_loop()
+        model, stats, per = self.model, self.stats, self.per
+        await self.publisher.start()
+        last_pub = [-1] * len(self.groups)
+        ts_buf = np.empty((per, self.topo.nodes), dtype=np.int64)
+        val_buf = np.empty((per, self.topo.gpus, len(METRICS)))
+        rate = model.hz * self.speed
+        t0 = loop.time()
+        last = (t0, 0)  # time and ack count at the previous progress line
+        k = 0
+        try:
+            while k < self.total_ticks and not stop.is_set():
+                due = t0 + k / rate
+                now = loop.time()
+                if self.realtime and due > now:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(due - now):
+                            await stop.wait()
+                    if stop.is_set():
+                        break
+                elif self.realtime:
+                    stats.behind_s_max = max(stats.behind_s_max, now - due)
+                ts, values = model.step(out=val_buf[k % per])
+                ts_buf[k % per] = ts
+                self.sim_now_ms = int(ts.max())
+                await self._send_events(ts, values)
+                j = k % per
+                if j < len(self.groups):
+                    await self._send_frames(self.groups[j], ts_buf, val_buf, last_pub[j] + 1,
+                                            k + 1)
+                    last_pub[j] = k
+                k += 1
+                stats.ticks = k
+                if progress is not None and progress_s and loop.time() - last[0] >= progress_s:
+                    last = self._progress_line(progress, loop.time(), last[1])
+            # The end (or a stop): every node publishes the ticks it still holds.
+            for j, group in enumerate(self.groups):
+                if last_pub[j] + 1 < k:
+                    await self._send_frames(group, ts_buf, val_buf, last_pub[j] + 1, k)
+        finally:
+            await self.publisher.close(timeout_s=30.0)
+        if progress is not None and progress_s:
+            self._progress_line(progress, loop.time(), last[1])
+            progress.write("\n")
+
+    async def _send_frames(self, group: _Group, ts_buf: npt.NDArray[np.int64],
+                           val_buf: npt.NDArray[np.float64], first: int, stop: int) -> None:
+        """One frame per node of ``group`` holding ticks ``first .. stop-1`` from the ring."""
+        slots = np.arange(first, stop) % ts_buf.shape[0]
+        t = slots.size
+        ts = ts_buf[np.ix_(slots, group.nodes)]
+        values = val_buf[np.ix_(slots, group.gpus)].reshape(t, group.nodes.size, group.gpn, -1)
+        for i, ident in enumerate(group.idents):
+            seq = group.seqs[i]
+            frame = SampleFrame(ident, seq.agent, seq.next(), METRIC_IDS, self.local,
+                                group.uuids[i], ts[:, i], values[:, i])
+            await self.publisher.publish_frame(frame)
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+        self.stats.frames += len(group.idents)
+        self.stats.metrics += values.size
+
+    async def _send_events(self, ts: npt.NDArray[np.int64],
+                           values: npt.NDArray[np.float64]) -> None:
+        """XIDs of this tick as event records (rare: a handful per hour per thousand GPUs)."""
+        gpn = self.topo.gpn
+        hits = np.flatnonzero(~np.isnan(values[:, _XID_COL]))
+        for g in _as_ints(hits):
+            node = g // gpn
+            code = int(values[g, _XID_COL])
+            kind = EventKind.GPU_LOST if code == 79 else EventKind.XID
+            rec = EventRecord(kind, self.idents[node], self.seqs[node].agent, int(ts[node]),
+                              gpu=g % gpn, uuid=self.model.uuids[g], data={"xid": code})
+            fut = await self.timer.send(self.topics.events, rec.to_bytes(), key=rec.key)
+            fut.add_done_callback(_ignore_result)
+            self.stats.events += 1
+
+    def _progress_line(self, out: TextIO, now: float, acks_prev: int) -> tuple[float, int]:
+        # Rates since the start: frames leave in bursts every ticks_per_frame ticks, so a
+        # per-interval rate would swing between zero and a multiple of the real one.
+        stats, ps = self.stats, self.publisher.stats
+        dt = max(time.monotonic() - stats.started, 1e-9)
+        lat = self.timer.recent(acks_prev)
+        of = "" if math.isinf(self.total_ticks) else f"/{int(self.total_ticks)}"
+        out.write(
+            f"\rfleet tick {stats.ticks}{of} | {stats.metrics / dt:,.0f} metrics/s | "
+            f"{stats.frames / dt:,.0f} frames/s | ack p50 {_pct(lat, 50)} ms p99 "
+            f"{_pct(lat, 99)} ms | in flight {ps.in_flight} | behind "
+            f"{stats.behind_s_max:.2f} s | lost {ps.lost_frames}   "
+        )
+        out.flush()
+        return now, self.timer.count
 
 
 class _Group:
@@ -317,57 +390,6 @@ class _Group:
         self.uuids = [uuids[n] for n in nodes.tolist()]
 
 
-async def _send_frames(
-    publisher: Publisher,
-    group: _Group,
-    local: npt.NDArray[np.int32],
-    ts_buf: npt.NDArray[np.int64],
-    val_buf: npt.NDArray[np.float64],
-    first: int,
-    stop: int,
-    stats: LiveStats,
-) -> None:
-    """One frame per node of ``group`` holding ticks ``first .. stop-1`` from the ring."""
-    per = ts_buf.shape[0]
-    slots = np.arange(first, stop) % per
-    t = slots.size
-    ts = ts_buf[np.ix_(slots, group.nodes)]
-    values = val_buf[np.ix_(slots, group.gpus)].reshape(t, group.nodes.size, group.gpn, -1)
-    for i, ident in enumerate(group.idents):
-        seq = group.seqs[i]
-        frame = SampleFrame(ident, seq.agent, seq.next(), METRIC_IDS, local, group.uuids[i],
-                            ts[:, i], values[:, i])
-        await publisher.publish_frame(frame)
-        if i % _YIELD_EVERY == _YIELD_EVERY - 1:
-            await asyncio.sleep(0)
-    stats.frames += len(group.idents)
-    stats.metrics += values.size
-
-
-async def _send_events(
-    transport: Transport,
-    topics: Topics,
-    idents: Sequence[Any],
-    seqs: Sequence[AgentSequence],
-    model: FleetModel,
-    topo: Topology,
-    ts: npt.NDArray[np.int64],
-    values: npt.NDArray[np.float64],
-    stats: LiveStats,
-) -> None:
-    """XIDs of this tick as event records (rare: a handful per hour per thousand GPUs)."""
-    hits = np.flatnonzero(~np.isnan(values[:, _XID_COL]))
-    for g in _as_ints(hits):
-        node = g // topo.gpn
-        code = int(values[g, _XID_COL])
-        kind = EventKind.GPU_LOST if code == 79 else EventKind.XID
-        rec = EventRecord(kind, idents[node], seqs[node].agent, int(ts[node]),
-                          gpu=g % topo.gpn, uuid=model.uuids[g], data={"xid": code})
-        fut = await transport.send(topics.events, rec.to_bytes(), key=rec.key)
-        fut.add_done_callback(_ignore_result)
-        stats.events += 1
-
-
 def _as_ints(a: npt.NDArray[np.intp]) -> Iterable[int]:
     return (int(x) for x in a)
 
@@ -375,30 +397,3 @@ def _as_ints(a: npt.NDArray[np.intp]) -> Iterable[int]:
 def _ignore_result(fut: asyncio.Future[RecordMeta]) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         log.warning("event not delivered: %s", fut.exception())
-
-
-def _progress_line(
-    out: TextIO,
-    now: float,
-    last: tuple[float, int, int, int],
-    stats: LiveStats,
-    timer: AckTimer,
-    publisher: Publisher,
-    k: int,
-    total: float,
-) -> tuple[float, int, int, int]:
-    # Rates since the start: frames leave in bursts every ticks_per_frame ticks, so a
-    # per-interval rate would swing between zero and a multiple of the real one.
-    _, _, _, acks_prev = last
-    dt = max(time.monotonic() - stats.started, 1e-9)
-    lat = timer.recent(acks_prev)
-    p50, p99 = _pct(lat, 50), _pct(lat, 99)
-    of = "" if math.isinf(total) else f"/{int(total)}"
-    out.write(
-        f"\rfleet tick {k}{of} | {stats.metrics / dt:,.0f} metrics/s | "
-        f"{stats.frames / dt:,.0f} frames/s | ack p50 {p50} ms p99 {p99} ms | "
-        f"in flight {publisher.stats.in_flight} | behind {stats.behind_s_max:.2f} s | "
-        f"lost {publisher.stats.lost_frames}   "
-    )
-    out.flush()
-    return now, stats.frames, stats.metrics, timer.count
