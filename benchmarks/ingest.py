@@ -743,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="also print the result JSON (last line)")
     p.add_argument("--verbose", action="store_true", help="lag every second on stderr")
     p.add_argument("--no-write", action="store_true", help="do not write the results file")
+    p.add_argument("--out", type=Path, default=RESULTS, help="results file (JSON)")
     p.add_argument("--decode-consumer", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--topic-prefix", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -752,8 +753,8 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(run_benchmark(args))
     _print_table(result)
     if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(result, indent=1) + "\n")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
     summary = {k: v for k, v in result.items() if k != "lag_series_s"}
     print(json.dumps(summary if args.json else {
         k: result[k] for k in ("metrics_per_s", "lag_max_s", "lag_final_s", "bottleneck")}))

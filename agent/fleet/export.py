@@ -57,12 +57,13 @@ def generate(
     nodes_per_rack: int = 4,
     racks_per_row: int = 8,
     start_ms: int = DEFAULT_START_MS,
+    cluster: str = "sim",
 ) -> FleetData:
     """Run the fleet model for ``duration_s`` seconds at ``hz`` and keep everything.
 
     Memory is G x T x M x 8 bytes (10,000 GPUs x 1 h at 1 Hz is 9.5 GB), so size it.
     """
-    topo = Topology(gpus, gpus_per_node, nodes_per_rack, racks_per_row)
+    topo = Topology(gpus, gpus_per_node, nodes_per_rack, racks_per_row, cluster)
     ticks = round(duration_s * hz)
     if ticks < 1:
         raise ValueError(f"{duration_s} s at {hz} Hz is less than one tick")

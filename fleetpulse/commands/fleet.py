@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hz", type=float, help="ticks per second")
     p.add_argument("--duration", type=float, help="seconds to run (live: 0 = until SIGINT)")
     p.add_argument("--seed", type=int)
+    p.add_argument("--cluster", help="cluster name (run several fleets side by side)")
     p.add_argument("--faults", type=int, help="number of injected faults")
     p.add_argument("--fault-kinds", help="comma-separated subset of fault kinds")
     p.add_argument("--labels", help="write ground-truth labels (JSON) here")
@@ -65,7 +66,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
                       ("seed", "seed"), ("faults", "faults"), ("labels", "labels"),
                       ("ticks_per_frame", "ticks_per_frame"), ("partitions", "partitions"),
                       ("progress", "progress_s"), ("fault_kinds", "fault_kinds"),
-                      ("metrics_port", "metrics_port")):
+                      ("metrics_port", "metrics_port"), ("cluster", "cluster")):
         value = getattr(args, flag)
         if value is not None:
             out[key] = value
@@ -107,7 +108,7 @@ def _export(cfg: FleetConfig, path: str) -> int:
         data = generate(cfg.gpus, cfg.hz, cfg.duration_s, faults=cfg.faults, seed=cfg.seed,
                         fault_kinds=[FaultKind(k) for k in cfg.fault_kinds] or None,
                         gpus_per_node=cfg.gpus_per_node, nodes_per_rack=cfg.nodes_per_rack,
-                        racks_per_row=cfg.racks_per_row)
+                        racks_per_row=cfg.racks_per_row, cluster=cfg.cluster)
     except ValueError as exc:
         print(f"fleetpulse fleet: {exc}", file=sys.stderr)
         return 2
