@@ -13,6 +13,10 @@ Public API (the aggregator codes against exactly this; everything else is intern
     r.series(i) -> (ts int64[n], values float64[n])        # or the CSR arrays below
     store.downsample("raw", "10s", ids, "max", start_ms, end_ms)  # tier below -> tier above
     store.enforce_retention(now_ms)   # deletes whole segment files past each tier's retention
+    store.compact(now_ms)             # rewrites finished segments without superseded partials
+    store.tiers["10s"].resolution_ms  # the TierSpec of each tier, by name (read-only)
+    store.series_ids("raw")           # every series id the tier has held since open
+    store.disk_bytes(), store.truncated_bytes   # for /metrics
     store.close()                     # seals open chunks, flushes, releases the lock
 
 Semantics the aggregator can rely on:

@@ -32,11 +32,11 @@ import numpy.typing as npt
 
 from aggregator.store import codec
 from aggregator.store.downsample import REDUCERS, reduce_buckets
+from aggregator.store.index import GroupRegistry, RecordIndex
 from aggregator.store.segment import (
     FILE_HEADER,
     KIND_PARTIAL,
     KIND_SEALED,
-    RecordInfo,
     SegmentError,
     encode_record,
     fsync_dir,
@@ -138,50 +138,19 @@ class ReadResult:
 
 @dataclass(slots=True)
 class _Segment:
-    """One segment file and its columnar record index."""
+    """One segment file and its record index."""
 
     path: Path
     start_ms: int
     span_ms: int
-    rec_offset: list[int] = field(default_factory=list)
-    rec_length: list[int] = field(default_factory=list)
-    rec_kind: list[int] = field(default_factory=list)
-    rec_tmin: list[int] = field(default_factory=list)
-    rec_tmax: list[int] = field(default_factory=list)
-    rec_chunk_key: list[int] = field(default_factory=list)
-    rec_ids: list[I64] = field(default_factory=list)
+    records: RecordIndex = field(default_factory=RecordIndex)
     size: int = 0
     write_fd: int = -1
     dirty: bool = False
-    _members: tuple[I64, I64, I64] | None = None
 
     @property
     def end_ms(self) -> int:
         return self.start_ms + self.span_ms
-
-    def add(self, info: RecordInfo) -> None:
-        self.rec_offset.append(info.offset)
-        self.rec_length.append(info.length)
-        self.rec_kind.append(info.kind)
-        self.rec_tmin.append(info.t_min)
-        self.rec_tmax.append(info.t_max)
-        self.rec_chunk_key.append(info.chunk_key)
-        self.rec_ids.append(info.series_ids)
-        self._members = None
-
-    def members(self) -> tuple[I64, I64, I64]:
-        """(series id, record index, column) for every series of every record."""
-        if self._members is None:
-            if self.rec_ids:
-                sid = np.concatenate(self.rec_ids)
-                sizes = np.fromiter((a.size for a in self.rec_ids), np.int64, len(self.rec_ids))
-                rec = np.repeat(np.arange(len(self.rec_ids), dtype=np.int64), sizes)
-                starts = np.cumsum(sizes) - sizes
-                col = np.arange(sid.size, dtype=np.int64) - np.repeat(starts, sizes)
-            else:
-                sid = rec = col = np.zeros(0, np.int64)
-            self._members = (sid, rec, col)
-        return self._members
 
     def close_writer(self) -> None:
         if self.write_fd >= 0:
@@ -193,6 +162,7 @@ class _Segment:
 class _HeadGroup:
     """The open chunk of one group: preallocated columns filled up to ``n``."""
 
+    gid: int
     ids: I64
     ts: I64
     values: F64
@@ -217,9 +187,8 @@ class SeriesStore:
             raise StoreError(f"{self.root} is locked by another writer") from exc
         self.tiers = {t.name: t for t in config.tiers}
         self._segments: dict[str, dict[int, _Segment]] = {}
-        self._head: dict[str, dict[bytes, _HeadGroup]] = {t.name: {} for t in config.tiers}
-        self._head_by_sid: dict[str, dict[int, tuple[bytes, int]]] = {
-            t.name: {} for t in config.tiers}
+        self._groups: dict[str, GroupRegistry] = {t.name: GroupRegistry() for t in config.tiers}
+        self._head: dict[str, dict[int, _HeadGroup]] = {t.name: {} for t in config.tiers}
         self._dirty_dirs: set[Path] = set()
         self.truncated_bytes = 0
         """Bytes of torn tails cut off while opening (0 after a clean shutdown)."""
@@ -246,8 +215,10 @@ class SeriesStore:
             except SegmentError as exc:
                 raise StoreError(str(exc)) from exc
             seg = _Segment(entry, s0, span)
+            groups = self._groups[spec.name]
             for r in records:
-                seg.add(r)
+                seg.records.add(groups.gid(r.series_ids), r.t_min, r.t_max, r.kind,
+                                r.chunk_key, r.offset, r.length)
             seg.size = entry.stat().st_size
             self.truncated_bytes += size_before - seg.size
             segs[s0] = seg
@@ -279,18 +250,16 @@ class SeriesStore:
                              f"series_ids {ids.shape} (want values (T, k))")
         if t.size == 0:
             return
-        key = ids.tobytes()
         head = self._head[tier]
-        group = head.get(key)
+        gid = self._groups[tier].gid(ids)
+        group = head.get(gid)
         if group is None:
             if np.unique(ids).size != ids.size:
                 raise StoreError("series_ids of a group must be distinct")
             cap = self.config.chunk_samples
-            group = _HeadGroup(ids.copy(), np.empty(cap, np.int64), np.empty((cap, ids.size)))
-            head[key] = group
-            by_sid = self._head_by_sid[tier]
-            for col, sid in enumerate(ids.tolist()):
-                by_sid[sid] = (key, col)
+            group = _HeadGroup(gid, self._groups[tier].ids[gid], np.empty(cap, np.int64),
+                               np.empty((cap, ids.size)))
+            head[gid] = group
         seg_of = np.floor_divide(t, spec.segment_ms) * spec.segment_ms
         cuts = np.flatnonzero(np.diff(seg_of)) + 1
         bounds = [0, *cuts.tolist(), t.size]
@@ -326,8 +295,8 @@ class SeriesStore:
         os.write(seg.write_fd, rec)
         seg.size += len(rec)
         seg.dirty = True
-        seg.add(RecordInfo(offset, len(rec), kind, b - a, int(ts.min()), int(ts.max()),
-                           int(group.ts[0]), group.ids))
+        seg.records.add(group.gid, int(ts.min()), int(ts.max()), kind, int(group.ts[0]), offset,
+                        len(rec))
 
     def _segment_for_write(self, tier: str, spec: TierSpec, start: int) -> _Segment:
         segs = self._segments[tier]
@@ -372,53 +341,38 @@ class SeriesStore:
         self._check_open()
         self._spec(tier)
         wanted = np.ascontiguousarray(series_ids, dtype=np.int64).reshape(-1)
-        order = np.argsort(wanted, kind="stable")
-        sorted_wanted = wanted[order]
-        pieces: list[list[tuple[I64, F64]]] = [[] for _ in range(wanted.size)]
-
-        def slot(sids: I64) -> I64:
-            pos = np.searchsorted(sorted_wanted, sids)
-            return order[np.minimum(pos, max(wanted.size - 1, 0))]
-
-        for start in sorted(self._segments[tier]):
-            seg = self._segments[tier][start]
-            if seg.end_ms <= start_ms or seg.start_ms >= end_ms or not seg.rec_ids:
-                continue
-            sid, rec, col = seg.members()
-            hit = np.isin(sid, wanted)
-            if not hit.any():
-                continue
-            tmin = np.asarray(seg.rec_tmin, np.int64)
-            tmax = np.asarray(seg.rec_tmax, np.int64)
-            rec_hit = rec[hit]
-            keep = (tmax[rec_hit] >= start_ms) & (tmin[rec_hit] < end_ms)
-            rec_hit, col_hit, sid_hit = rec_hit[keep], col[hit][keep], sid[hit][keep]
-            if rec_hit.size == 0:
-                continue
-            with open(seg.path, "rb") as f:
-                for r in np.unique(rec_hit).tolist():
-                    sel = rec_hit == r
-                    cols = col_hit[sel]
-                    blob = read_record_blob(f, seg.rec_offset[r], seg.rec_length[r])
-                    ts, vals = codec.decode_group(blob, cols)
-                    for j, w in enumerate(slot(sid_hit[sel]).tolist()):
-                        pieces[w].append((ts, vals[:, j]))
-        by_sid = self._head_by_sid[tier]
+        w_idx, w_gid, w_col = self._groups[tier].lookup(wanted)
+        by_gid: dict[int, tuple[I64, I64]] = {}
+        for g in np.unique(w_gid).tolist():
+            sel = w_gid == g
+            by_gid[g] = (w_idx[sel], w_col[sel])
+        gids = np.fromiter(by_gid, np.int64, len(by_gid))
+        pieces = _Pieces()
+        if gids.size:
+            for start in sorted(self._segments[tier]):
+                seg = self._segments[tier][start]
+                if seg.end_ms <= start_ms or seg.start_ms >= end_ms:
+                    continue
+                recs = seg.records.select(gids, start_ms, end_ms)
+                if recs.size == 0:
+                    continue
+                with open(seg.path, "rb") as f:
+                    for r in recs.tolist():
+                        widx, cols = by_gid[int(seg.records.gid[r])]
+                        blob = read_record_blob(f, seg.records.offset[r], seg.records.length[r])
+                        ts, vals = codec.decode_group(blob, cols)
+                        pieces.add(widx, ts, vals)
         head = self._head[tier]
-        for w, sid_ in enumerate(wanted.tolist()):
-            hit_ = by_sid.get(sid_)
-            if hit_ is not None:
-                g = head[hit_[0]]
-                if g.n:
-                    pieces[w].append((g.ts[:g.n].copy(), g.values[:g.n, hit_[1]].copy()))
-        return _assemble(wanted, pieces, start_ms, end_ms)
+        for g, (widx, cols) in by_gid.items():
+            grp = head.get(g)
+            if grp is not None and grp.n:
+                pieces.add(widx, grp.ts[:grp.n].copy(), grp.values[:grp.n][:, cols])
+        return pieces.assemble(wanted, start_ms, end_ms)
 
     def series_ids(self, tier: str) -> I64:
-        """Every series id with data in ``tier`` (on disk or in the head), sorted."""
+        """Every series id the tier has held since open (on disk or in the head), sorted."""
         self._check_open()
-        parts = [seg.members()[0] for seg in self._segments[self._spec(tier).name].values()]
-        parts.append(np.fromiter(self._head_by_sid[tier].keys(), np.int64))
-        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+        return self._groups[self._spec(tier).name].all_series()
 
     # ------------------------------------------------------------------ tiers
     def downsample(self, src_tier: str, dst_tier: str, series_ids: npt.ArrayLike,
@@ -487,40 +441,37 @@ class SeriesStore:
                     self._seal(tier, spec, g)
             self.flush()
             for seg in list(self._segments[tier].values()):
-                if seg.end_ms > now_ms or KIND_PARTIAL not in seg.rec_kind:
+                if seg.end_ms > now_ms or KIND_PARTIAL not in seg.records.kind:
                     continue
                 self._rewrite(seg)
                 rewritten += 1
         return rewritten
 
     def _rewrite(self, seg: _Segment) -> None:
-        sealed = {(seg.rec_ids[i].tobytes(), seg.rec_chunk_key[i])
-                  for i, k in enumerate(seg.rec_kind) if k == KIND_SEALED}
-        keep = [i for i, k in enumerate(seg.rec_kind)
-                if k == KIND_SEALED or (seg.rec_ids[i].tobytes(), seg.rec_chunk_key[i]) not in sealed]
+        recs = seg.records
+        sealed = {(int(recs.gid[i]), recs.chunk_key[i])
+                  for i in range(recs.n) if recs.kind[i] == KIND_SEALED}
+        keep = [i for i in range(recs.n) if recs.kind[i] == KIND_SEALED
+                or (int(recs.gid[i]), recs.chunk_key[i]) not in sealed]
         seg.close_writer()
         tmp = seg.path.with_suffix(".tmp")
-        new = _Segment(seg.path, seg.start_ms, seg.span_ms)
+        new = RecordIndex()
         with open(seg.path, "rb") as src, open(tmp, "wb") as dst:
             dst.write(write_file_header(seg.start_ms, seg.span_ms))
             offset = FILE_HEADER.size
             for i in keep:
-                src.seek(seg.rec_offset[i])
-                raw = src.read(seg.rec_length[i])
+                src.seek(recs.offset[i])
+                raw = src.read(recs.length[i])
                 dst.write(raw)
-                new.add(RecordInfo(offset, len(raw), seg.rec_kind[i], 0, seg.rec_tmin[i],
-                                   seg.rec_tmax[i], seg.rec_chunk_key[i], seg.rec_ids[i]))
+                new.add(int(recs.gid[i]), int(recs.t_min[i]), int(recs.t_max[i]), recs.kind[i],
+                        recs.chunk_key[i], offset, len(raw))
                 offset += len(raw)
             dst.flush()
             os.fsync(dst.fileno())
         os.replace(tmp, seg.path)
         fsync_dir(seg.path.parent)
-        new.size = offset
-        for name in ("rec_offset", "rec_length", "rec_kind", "rec_tmin", "rec_tmax",
-                     "rec_chunk_key", "rec_ids"):
-            setattr(seg, name, getattr(new, name))
+        seg.records = new
         seg.size = offset
-        seg._members = None
 
     def disk_bytes(self, tier: str | None = None) -> int:
         """Bytes of segment files (all tiers, or one)."""
@@ -552,33 +503,34 @@ class SeriesStore:
             raise StoreError("the store is closed")
 
 
-def _assemble(wanted: I64, pieces: list[list[tuple[I64, F64]]], start_ms: int,
-              end_ms: int) -> ReadResult:
-    """Concatenate each series' pieces, keep [start, end), order by time, last write wins."""
-    out_ts: list[I64] = []
-    out_v: list[F64] = []
-    counts = np.zeros(wanted.size, np.int64)
-    for w, parts in enumerate(pieces):
-        if not parts:
-            continue
-        ts = np.concatenate([p[0] for p in parts])
-        vals = np.concatenate([p[1] for p in parts])
+class _Pieces:
+    """Decoded pieces of a read, assembled in one vectorised pass at the end."""
+
+    def __init__(self) -> None:
+        self.w: list[I64] = []
+        self.ts: list[I64] = []
+        self.v: list[F64] = []
+
+    def add(self, widx: I64, ts: I64, vals: F64) -> None:
+        """``vals`` is (T, c): column j belongs to wanted series ``widx[j]``."""
+        self.w.append(np.repeat(widx, ts.size))
+        self.ts.append(np.tile(ts, widx.size))
+        self.v.append(np.ascontiguousarray(vals.T).reshape(-1))
+
+    def assemble(self, wanted: I64, start_ms: int, end_ms: int) -> ReadResult:
+        """Keep [start, end), order by (series, time), last write wins per timestamp."""
+        offsets = np.zeros(wanted.size + 1, np.int64)
+        if not self.w:
+            return ReadResult(wanted.copy(), offsets, np.zeros(0, np.int64), np.zeros(0))
+        w = np.concatenate(self.w)
+        ts = np.concatenate(self.ts)
+        v = np.concatenate(self.v)
         m = (ts >= start_ms) & (ts < end_ms)
-        ts, vals = ts[m], vals[m]
-        if ts.size == 0:
-            continue
-        seq = np.arange(ts.size)
-        o = np.lexsort((seq, ts))
-        ts, vals = ts[o], vals[o]
+        w, ts, v = w[m], ts[m], v[m]
+        o = np.lexsort((np.arange(ts.size), ts, w))  # stable: later pieces sort later
+        w, ts, v = w[o], ts[o], v[o]
         last = np.ones(ts.size, bool)
-        last[:-1] = ts[1:] != ts[:-1]
-        out_ts.append(ts[last])
-        out_v.append(vals[last])
-        counts[w] = int(last.sum())
-    offsets = np.zeros(wanted.size + 1, np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    return ReadResult(
-        wanted.copy(), offsets,
-        np.concatenate(out_ts) if out_ts else np.zeros(0, np.int64),
-        np.concatenate(out_v) if out_v else np.zeros(0, np.float64),
-    )
+        last[:-1] = (ts[1:] != ts[:-1]) | (w[1:] != w[:-1])
+        w, ts, v = w[last], ts[last], v[last]
+        np.cumsum(np.bincount(w, minlength=wanted.size), out=offsets[1:])
+        return ReadResult(wanted.copy(), offsets, ts, v)

@@ -1,0 +1,112 @@
+"""In-memory indexes: which group holds a series, and which records a segment holds.
+
+Reads must not scan every series of every record: a rack-level aggregator writes tens of
+thousands of records per segment, each of a group of hundreds of series. So series map to
+*groups* once per tier (:class:`GroupRegistry`: a group is a distinct ``series_ids``
+array, numbered in order of first sight), and a segment only lists, per record, its group
+number and time range in growable numpy columns (:class:`RecordIndex`). A read looks up
+its series' groups with one ``searchsorted`` and filters the records with one vectorised
+mask per segment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+I64 = npt.NDArray[np.int64]
+
+
+class GroupRegistry:
+    """Group numbers for the distinct ``series_ids`` arrays of one tier."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[bytes, int] = {}
+        self.ids: list[I64] = []
+        self._table: tuple[I64, I64, I64] | None = None
+
+    def gid(self, ids: I64) -> int:
+        """The group number of ``ids`` (registered on first sight)."""
+        key = ids.tobytes()
+        g = self._by_key.get(key)
+        if g is None:
+            g = len(self.ids)
+            self._by_key[key] = g
+            self.ids.append(np.array(ids, dtype=np.int64))
+            self._table = None
+        return g
+
+    def _sorted_table(self) -> tuple[I64, I64, I64]:
+        if self._table is None:
+            if self.ids:
+                sid = np.concatenate(self.ids)
+                sizes = np.fromiter((a.size for a in self.ids), np.int64, len(self.ids))
+                gid = np.repeat(np.arange(len(self.ids), dtype=np.int64), sizes)
+                col = np.arange(sid.size, dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes,
+                                                                      sizes)
+                order = np.argsort(sid, kind="stable")
+                self._table = (sid[order], gid[order], col[order])
+            else:
+                empty = np.zeros(0, np.int64)
+                self._table = (empty, empty, empty)
+        return self._table
+
+    def lookup(self, wanted: I64) -> tuple[I64, I64, I64]:
+        """Every (index into ``wanted``, group, column) where a wanted series lives."""
+        sid, gid, col = self._sorted_table()
+        lo = np.searchsorted(sid, wanted, side="left")
+        hi = np.searchsorted(sid, wanted, side="right")
+        counts = hi - lo
+        w = np.repeat(np.arange(wanted.size, dtype=np.int64), counts)
+        pos = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(counts.sum())
+        return w, gid[pos], col[pos]
+
+    def all_series(self) -> I64:
+        return np.unique(self._sorted_table()[0])
+
+
+@dataclass(slots=True)
+class RecordIndex:
+    """Per segment, one row per record: group, time range, kind, chunk key, file extent."""
+
+    gid: I64 = field(default_factory=lambda: np.zeros(16, np.int64))
+    t_min: I64 = field(default_factory=lambda: np.zeros(16, np.int64))
+    t_max: I64 = field(default_factory=lambda: np.zeros(16, np.int64))
+    kind: list[int] = field(default_factory=list)
+    chunk_key: list[int] = field(default_factory=list)
+    offset: list[int] = field(default_factory=list)
+    length: list[int] = field(default_factory=list)
+    sealed: set[tuple[int, int]] = field(default_factory=set)
+    """(group, chunk key) of every sealed record: partial records of those are superseded."""
+    n: int = 0
+
+    def add(self, gid: int, t_min: int, t_max: int, kind: int, chunk_key: int, offset: int,
+            length: int) -> None:
+        if self.n == self.gid.size:
+            self.gid = np.concatenate([self.gid, np.zeros_like(self.gid)])
+            self.t_min = np.concatenate([self.t_min, np.zeros_like(self.t_min)])
+            self.t_max = np.concatenate([self.t_max, np.zeros_like(self.t_max)])
+        self.gid[self.n] = gid
+        self.t_min[self.n] = t_min
+        self.t_max[self.n] = t_max
+        self.kind.append(kind)
+        self.chunk_key.append(chunk_key)
+        self.offset.append(offset)
+        self.length.append(length)
+        if kind == 1:  # segment.KIND_SEALED
+            self.sealed.add((gid, chunk_key))
+        self.n += 1
+
+    def select(self, gids: I64, start_ms: int, end_ms: int) -> I64:
+        """Record numbers of the given groups overlapping [start_ms, end_ms), in file order,
+        without partial records whose chunk has been sealed since (same samples)."""
+        g = self.gid[:self.n]
+        hit = (self.t_max[:self.n] >= start_ms) & (self.t_min[:self.n] < end_ms)
+        rows = np.flatnonzero(hit & np.isin(g, gids))
+        if self.sealed and rows.size:
+            keep = [r for r in rows.tolist() if self.kind[r] == 1
+                    or (int(g[r]), self.chunk_key[r]) not in self.sealed]
+            rows = np.asarray(keep, dtype=np.int64)
+        return rows
