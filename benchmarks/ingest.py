@@ -375,25 +375,40 @@ def generator_rate(gpus: int, seconds: float = 1.0) -> float:
     return ticks * gpus * len(METRICS) / spent
 
 
-def _start_broker(workdir: Path) -> tuple[str, Path]:
-    broker_dir = workdir / "broker"
+def _start_broker(broker_dir: Path) -> str:
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "kafka.sh"), "start", "--dir",
                            str(broker_dir), "--owner", str(os.getpid())],
                           capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         raise RuntimeError(f"scripts/kafka.sh start failed: {proc.stderr[-2000:]}")
-    return proc.stdout.strip().splitlines()[-1], broker_dir
+    return proc.stdout.strip().splitlines()[-1]
 
 
 def _stop_broker(broker_dir: Path) -> None:
+    """Stop our private broker; if kafka.sh cannot, signal its pid (ours, checked) directly."""
     subprocess.run(["bash", str(ROOT / "scripts" / "kafka.sh"), "stop", "--dir",
                     str(broker_dir)], capture_output=True, text=True, timeout=120)
+    pid = _broker_pid(broker_dir, "")
+    if pid is None:
+        return
+    with contextlib.suppress(OSError):
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if str(broker_dir).encode() in cmd:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                if not Path(f"/proc/{pid}").exists():
+                    return
+                time.sleep(0.2)
+            os.kill(pid, signal.SIGKILL)
 
 
 def _broker_pid(broker_dir: Path | None, bootstrap: str) -> int | None:
     if broker_dir is not None:
         with contextlib.suppress(OSError, ValueError):
-            return int((broker_dir / "broker.pid").read_text().strip())
+            pid = int((broker_dir / "broker.pid").read_text().strip())
+            if Path(f"/proc/{pid}").exists():
+                return pid
+        return None
     port = bootstrap.rsplit(":", 1)[-1].encode()
     for entry in os.listdir("/proc"):  # a broker someone else started: find its java
         if not entry.isdigit():
@@ -423,11 +438,9 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     gen = generator_rate(args.gpus)
     with tempfile.TemporaryDirectory(prefix="fp-ingest-") as tmp:
         workdir = Path(tmp)
-        broker_dir: Path | None = None
-        bootstrap = args.bootstrap
-        if not bootstrap:
-            bootstrap, broker_dir = _start_broker(workdir)
+        broker_dir = None if args.bootstrap else workdir / "broker"
         try:
+            bootstrap = args.bootstrap or _start_broker(workdir / "broker")
             result = await _run(args, bootstrap, workdir, broker_dir)
             result["generator_metrics_per_cpu_s"] = round(gen, 1)
             return result
