@@ -88,6 +88,8 @@ class AgentCollector(Collector):
                        "Retriable send failures (broker down or slow).")
         rejected = counter("frames_rejected",
                        "Records the broker refused for good (dropped).")
+        lost = counter("frames_lost", "Records lost: no spool configured, or the spool "
+                       "could not be written (disk full).")
         spooled = counter("spool_appended_frames", "Records written to the spool.")
         dropped = counter("spool_dropped_frames",
                       "Records lost because the spool was full (see spool.drop_policy).")
@@ -105,6 +107,7 @@ class AgentCollector(Collector):
             replayed.add_metric([stream], st.frames_replayed)
             failures.add_metric([stream], st.send_failures)
             rejected.add_metric([stream], st.rejected_frames)
+            lost.add_metric([stream], st.lost_frames)
             mode.add_metric([stream], 1.0 if pub.mode.value == "spooling" else 0.0)
             inflight.add_metric([stream], st.in_flight)
             if pub.spool is not None:
@@ -115,7 +118,7 @@ class AgentCollector(Collector):
                 corrupt.add_metric([stream], sp.corrupt_bytes)
                 pend.add_metric([stream], sp.pending_frames)
                 pend_b.add_metric([stream], sp.pending_bytes)
-        yield from (sent, sent_b, replayed, failures, rejected, spooled, dropped, dropped_b,
+        yield from (sent, sent_b, replayed, failures, rejected, lost, spooled, dropped, dropped_b,
                     corrupt, pend, pend_b, mode, inflight)
 
 

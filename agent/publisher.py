@@ -103,7 +103,8 @@ class PublisherStats:
     rejected_frames: int = 0
     """Non-retriable failures: dropped, logged."""
     lost_frames: int = 0
-    """Records that failed with no spool configured (load generators only)."""
+    """Records that failed with no spool configured (load generators), or that the spool
+    could not write (disk full)."""
     in_flight: int = 0
 
 
@@ -236,6 +237,9 @@ class Publisher:
                     self._reject(exc)
                     return
                 self._fail(str(exc))
+            except Exception as exc:  # a transport bug must not lose the frame: spool it
+                log.exception("transport.send raised %s; treating it as retriable", exc)
+                self._fail(repr(exc))
         self._queue.append(_Entry(key, value, fut, time.monotonic() + self.ack_timeout_s))
         self.stats.in_flight = len(self._queue)
         self._wake_ack.set()
@@ -259,8 +263,13 @@ class Publisher:
         if self.spool is None:
             self.stats.lost_frames += 1
             return
-        if self.spool.append(entry.key, entry.value):
-            self.stats.frames_spooled += 1
+        try:
+            if self.spool.append(entry.key, entry.value):
+                self.stats.frames_spooled += 1
+        except OSError as exc:  # disk full, read-only fs: counted and loud, never a crash
+            self.stats.lost_frames += 1
+            log.error("cannot write to the spool (%s): a frame is lost (%d so far)", exc,
+                      self.stats.lost_frames)
 
     # ------------------------------------------------------------------ acks
 
@@ -350,6 +359,9 @@ class Publisher:
                 self._reject(exc)
                 spool.ack(batch[0])
                 return True
+            complete = False
+        except Exception as exc:  # same as in publish(): retry later, never drop
+            log.exception("transport.send raised %s during replay; retrying later", exc)
             complete = False
         if not complete:
             self.stats.send_failures += 1
