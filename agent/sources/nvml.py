@@ -252,6 +252,7 @@ class NvmlSource(Source):
         self.events_enabled = events
         self.event_wait_ms = event_wait_ms
         self.errors: Counter[str] = Counter()
+        self._errors_lock = threading.Lock()  # the sampler's worker, the event thread, /metrics
         self.gpus: list[_Gpu] = []
         self._err_names: dict[int, str] = {}
         self._give_up: set[int] = set()
@@ -276,7 +277,8 @@ class NvmlSource(Source):
                f"{'on' if self._thread else 'off'}"
 
     def error_counts(self) -> dict[str, int]:
-        return dict(self.errors)
+        with self._errors_lock:
+            return dict(self.errors)
 
     async def start(self) -> None:
         if self._started:
@@ -359,7 +361,8 @@ class NvmlSource(Source):
 
     def _count(self, exc: Any) -> str:
         kind = self._err_names.get(getattr(exc, "value", -1), "unknown")
-        self.errors[kind] += 1
+        with self._errors_lock:
+            self.errors[kind] += 1
         return kind
 
     def _lost(self, gpu: _Gpu, ts_ms: int, where: str) -> None:
