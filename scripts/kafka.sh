@@ -33,6 +33,10 @@ CACHE="${FLEETPULSE_KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fleetpulse/kafk
 START_TIMEOUT="${FLEETPULSE_KAFKA_START_TIMEOUT:-120}"
 JVM_OPTS="${FLEETPULSE_KAFKA_JVM_OPTS:--Xms256m -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true}"
 STOP_GRACE=30
+# Test-only credentials of the SASL_PLAINTEXT listener (PLAIN and SCRAM-SHA-256), so the
+# transport's SASL options are exercised against a real broker. Never a production secret.
+SASL_USER=fleet
+SASL_PASSWORD=fleet-secret
 
 die() { echo "kafka.sh: $*" >&2; exit 1; }
 say() { echo "kafka.sh: $*" >&2; }
@@ -81,9 +85,6 @@ bootstrap() { echo "127.0.0.1:$(broker_port)"; }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 
 show_log() {
     say "---- last lines of $LOG ----"
@@ -171,15 +172,22 @@ fetch_jars() {
 # First start of DIR: choose ports, write server.properties, format KRaft storage.
 init_dir() {
     if [[ ! -f "$PROPS" ]]; then
-        local port cport
-        port="$(free_port)"
-        cport="$(free_port)"
-        while [[ "$cport" == "$port" ]]; do cport="$(free_port)"; done
-        sed -e "s#@PORT@#$port#g" -e "s#@CPORT@#$cport#g" -e "s#@DATA@#$DIR/data#g" \
-            "$HERE/kafka/server.properties.in" > "$PROPS.tmp"
-        # Our own bookkeeping keys; Kafka ignores unknown keys with a warning, so they are
-        # written as comments and parsed from there.
-        printf '#fleetpulse.port=%s\n#fleetpulse.version=%s\n' "$port" "$KAFKA_VERSION" >> "$PROPS.tmp"
+        local port sport cport
+        # One python call picks three distinct free ports (plain, SASL, controller).
+        read -r port sport cport < <(python3 -c '
+import socket
+socks = [socket.socket() for _ in range(3)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))
+for s in socks:
+    s.close()')
+        [[ -n "$cport" ]] || die "could not pick free ports"
+        sed -e "s#@PORT@#$port#g" -e "s#@SPORT@#$sport#g" -e "s#@CPORT@#$cport#g" \
+            -e "s#@DATA@#$DIR/data#g" "$HERE/kafka/server.properties.in" > "$PROPS.tmp"
+        # Our own bookkeeping, as comments (Kafka warns about unknown keys).
+        printf '#fleetpulse.port=%s\n#fleetpulse.sasl_port=%s\n#fleetpulse.version=%s\n' \
+            "$port" "$sport" "$KAFKA_VERSION" >> "$PROPS.tmp"
         mv "$PROPS.tmp" "$PROPS"
     fi
     if [[ ! -f "$DIR/data/meta.properties" ]]; then
@@ -196,6 +204,7 @@ while True:
         if ! java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 $share \
                 -Dkafka.logs.dir="$DIR" -Dlog4j2.configurationFile="$HERE/kafka/log4j2.properties" \
                 -cp "$CACHE/lib/*" kafka.tools.StorageTool format -t "$cid" -c "$PROPS" \
+                --add-scram "SCRAM-SHA-256=[name=$SASL_USER,password=$SASL_PASSWORD]" \
                 > "$DIR/format.log" 2>&1; then
             cat "$DIR/format.log" >&2
             die "formatting KRaft storage in $DIR/data failed"
@@ -240,10 +249,11 @@ cmd_start() {
     check_tools
     fetch_jars
     init_dir
-    local port cport
+    local port sport cport
     port="$(broker_port)"
+    sport="$(sed -n 's/^#fleetpulse.sasl_port=//p' "$PROPS")"
     cport="$(sed -n 's/^controller.quorum.voters=1@127.0.0.1://p' "$PROPS")"
-    for p in "$port" "$cport"; do
+    for p in "$port" $sport "$cport"; do
         if port_open "$p"; then
             die "port $p of $DIR is taken by another process; cannot restart this broker"
         fi
@@ -283,6 +293,9 @@ cmd_start() {
     done
     local ms=$(( ($(date +%s%N) - t0_ns) / 1000000 ))
     say "Kafka $KAFKA_VERSION started in $((ms / 1000)).$(printf '%03d' $((ms % 1000)))s (pid $pid, dir $DIR)"
+    # For tools and tests: the plain address, and the SASL_PLAINTEXT one (user $SASL_USER).
+    echo "127.0.0.1:$port" > "$DIR/bootstrap"
+    echo "127.0.0.1:$sport" > "$DIR/sasl_bootstrap"
     echo "127.0.0.1:$port"
 }
 

@@ -55,6 +55,7 @@ fi
 KAFKA_START_S=$((SECONDS - T_KAFKA))
 export FLEETPULSE_KAFKA_BOOTSTRAP="$BOOTSTRAP"
 export FLEETPULSE_KAFKA_LOG="$KAFKA_DIR/server.log"
+export FLEETPULSE_KAFKA_SASL_BOOTSTRAP="$(cat "$KAFKA_DIR/sasl_bootstrap")"
 echo "Kafka at $BOOTSTRAP (started in ${KAFKA_START_S}s)"
 
 # ------------------------------------------------------------------ checks

@@ -39,13 +39,14 @@ def _no_broker(reason: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Bootstrap address of the session's Kafka broker."""
+def _session_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Addresses of the session's broker: the one scripts/test.sh started, or our own."""
     given = os.environ.get("FLEETPULSE_KAFKA_BOOTSTRAP", "").strip()
     if given:
         if not reachable(given):
             _no_broker(f"FLEETPULSE_KAFKA_BOOTSTRAP={given} does not accept connections")
-        yield given
+        sasl = os.environ.get("FLEETPULSE_KAFKA_SASL_BOOTSTRAP", "").strip()
+        yield {"plain": given, "sasl": sasl}
         return
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka-session"))
     try:
@@ -54,9 +55,23 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         _no_broker(f"scripts/kafka.sh could not start one: {exc}")
     _SESSION_LOGS.append(broker.log_path)
     try:
-        yield broker.bootstrap
+        yield {"plain": broker.bootstrap, "sasl": broker.sasl_bootstrap}
     finally:
         broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(_session_broker: dict[str, str]) -> str:
+    """Bootstrap address (PLAINTEXT) of the session's Kafka broker."""
+    return _session_broker["plain"]
+
+
+@pytest.fixture(scope="session")
+def kafka_sasl_bootstrap(_session_broker: dict[str, str]) -> str:
+    """The session broker's SASL_PLAINTEXT address (kafka_broker.SASL_USER/SASL_PASSWORD)."""
+    if not _session_broker["sasl"]:
+        _no_broker("FLEETPULSE_KAFKA_SASL_BOOTSTRAP is not set for the given broker")
+    return _session_broker["sasl"]
 
 
 @pytest.fixture
@@ -105,6 +120,7 @@ def _uses_kafka(item: pytest.Item) -> bool:
     return (
         item.get_closest_marker("kafka") is not None
         or "kafka_bootstrap" in names
+        or "kafka_sasl_bootstrap" in names
         or "kafka_broker_factory" in names
     )
 

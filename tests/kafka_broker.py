@@ -15,6 +15,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_SH = REPO / "scripts" / "kafka.sh"
 START_TIMEOUT_S = 180.0
+SASL_USER = "fleet"
+SASL_PASSWORD = "fleet-secret"
+"""Test-only credentials of the broker's SASL listener (PLAIN and SCRAM-SHA-256)."""
 
 
 class BrokerError(RuntimeError):
@@ -28,6 +31,11 @@ class KafkaBroker:
         self.state_dir = Path(state_dir)
         self.bootstrap = ""
         """``127.0.0.1:PORT``; set by the first ``start()`` and unchanged by restarts."""
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """Address of the SASL_PLAINTEXT listener (users in scripts/kafka.sh: SASL_USER)."""
+        return (self.state_dir / "sasl_bootstrap").read_text().strip()
 
     @property
     def log_path(self) -> Path:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pytest
 from aiokafka.partitioner import murmur2
-from kafka_broker import KafkaBroker
+from kafka_broker import SASL_PASSWORD, SASL_USER, KafkaBroker
 
 from fleetpulse.config import TransportConfig
 from fleetpulse.transport import (
@@ -452,6 +452,38 @@ async def test_closed_transport_refuses_sends(env: Env) -> None:
 
 
 # ------------------------------------------------------------------ Kafka only: broker restarts
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
+async def test_sasl_settings_reach_the_broker(
+    kafka_sasl_bootstrap: str, unique_prefix: str, mechanism: str
+) -> None:
+    cfg = TransportConfig(
+        bootstrap=kafka_sasl_bootstrap,
+        client_id=unique_prefix,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism=mechanism,
+        sasl_username=SASL_USER,
+        sasl_password=SASL_PASSWORD,
+        request_timeout_ms=5000,
+    )
+    topic = f"{unique_prefix}.sasl"
+    t = open_transport(cfg)
+    await t.start()
+    try:
+        await t.ensure_topics({topic: 1})
+        meta = await t.send_and_wait(topic, b"authenticated")
+        c = t.consumer([topic], f"{unique_prefix}.g")
+        (got,) = await read_until(c, lambda ms: len(ms) >= 1)
+        assert (got.offset, got.value) == (meta.offset, b"authenticated")
+    finally:
+        await t.close()
+
+    wrong = open_transport(replace(cfg, sasl_password="not-the-password"))
+    with pytest.raises(TransportError):
+        await wrong.start()
+    await wrong.close()
 
 
 @pytest.mark.kafka
