@@ -18,7 +18,7 @@ __all__ = [
     "make_engine",
 ]
 
-ENGINE_NAMES: tuple[str, ...] = ("krcf",)
+ENGINE_NAMES: tuple[str, ...] = ("krcf", "numba")
 """Every engine ``make_engine`` knows."""
 
 DEFAULT_ENGINE = "krcf"
@@ -31,4 +31,8 @@ def make_engine(name: str, config: EngineConfig) -> ForestEngine:
         from detector.engines.krcf_engine import KrcfEngine
 
         return KrcfEngine(config)
+    if name == "numba":
+        from detector.engines.numba_engine import NumbaEngine
+
+        return NumbaEngine(config)
     raise ValueError(f"unknown forest engine {name!r}; known: {', '.join(ENGINE_NAMES)}")

@@ -24,18 +24,13 @@ import krcf
 import numpy as np
 import numpy.typing as npt
 
-from detector.engines.base import EngineConfig, ForestEngine, ScoreBatch, check_batch
+from detector.engines.base import EngineConfig, ForestEngine, ScoreBatch, check_batch, model_seed
 
 __all__ = ["KrcfEngine"]
 
 _MAGIC = b"FPKR"
 _VERSION = 1
 _HEADER = struct.Struct("<4sB")
-
-
-def model_seed(seed: int, model_id: int) -> int:
-    """A distinct, reproducible seed per model, so two GPUs never share random cuts."""
-    return (seed * 1_000_003 + model_id * 7919 + 1) & 0x7FFF_FFFF_FFFF_FFFF
 
 
 class KrcfEngine(ForestEngine):
@@ -45,6 +40,8 @@ class KrcfEngine(ForestEngine):
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
+        if config.sample_groups not in (None, config.trees):
+            raise ValueError("krcf keeps one reservoir per tree; sample_groups must be None")
         self._forests: list[krcf.RandomCutForest] = []
 
     def _options(self, model_id: int) -> krcf.RandomCutForestOptions:
@@ -57,6 +54,8 @@ class KrcfEngine(ForestEngine):
             "sample_size": cfg.sample_size,
             "output_after": cfg.effective_output_after,
             "random_seed": model_seed(cfg.seed, model_id),
+            # One thread, so a benchmark's CPU time is per core, as for every engine.
+            "parallel_execution_enabled": False,
         }
         # krcf declares "lambda" in a way type checkers cannot see (it is a keyword).
         options["lambda"] = cfg.effective_time_decay  # type: ignore[typeddict-unknown-key]

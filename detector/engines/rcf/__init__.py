@@ -1,0 +1,1 @@
+"""Numba kernels and array state of the batched Random Cut Forest (``numba_engine``)."""

@@ -1,0 +1,825 @@
+"""Numba kernels of the batched Random Cut Forest: trees, sampler, point store, scoring.
+
+Everything is arrays indexed by model; no Python object per tree or node. One kernel call
+advances many models (all GPUs of a frame). The algorithms follow AWS's Java/Rust RCF:
+
+* Trees: internal nodes hold a cut (dimension, value, ``x[dim] <= value`` goes left) and two
+  child codes; a child code >= 0 is an internal node, ``-(slot + 2)`` is a leaf that refers
+  to a sampler slot, -1 is empty. Free internal nodes form a list threaded through ``left``.
+  Bounding boxes are not stored (they would be 2 x 4 x dims x shingle bytes per node, the
+  reason krcf needs MBs per model): a box is grown on the fly from the leaf upwards by
+  adding the sibling subtrees, and both scoring and insertion stop as soon as the box
+  contains the point (as AWS does), so an ordinary point touches few nodes.
+* Insertion is AWS's bottom-up form: descend by the cuts to a leaf, then walk up growing the
+  box, drawing one random cut per level in box U {point}, and keep the highest cut that
+  separates the point from the box. Deletion descends by the point and splices the parent
+  out (nothing to repair, since no box is cached).
+* Sampler: time-decayed reservoir as AWS's CompactSampler: weight
+  ``-(seq * lambda) + log(-log U)``, keep the ``sample_size`` smallest, accept everything
+  while filling (then with AWS's decreasing initial-accept probability). A model has
+  ``groups`` samplers; the trees of a group share one sample (groups == trees is AWS's one
+  sampler per tree). Exact duplicates share one leaf whose mass is the number of slots that
+  hold the same point id (AWS hands the sampler the leaf's point index for a duplicate).
+* Point store: a float32 arena per model; a point id maps to an offset of ``D = dims *
+  shingle`` consecutive floats. A new shingle that directly follows the last stored one
+  only appends ``dims`` floats (the overlap is shared). Ids are reference counted by the
+  samplers; the arena is compacted in place when its tail is full.
+* Scores: AWS's anomaly score (score-seen ``1/(depth + log2(mass + 1))`` damped by
+  ``1 - mass / (2 * tree_mass)``, score-unseen ``1/(depth + 1)``, mixed bottom-up by the
+  probability of separation, normalised by ``log2(tree_mass + 1)``, averaged over trees),
+  and the directional attribution (AWS's DiVector) from the same pass.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# Indices into the per-model int64 scalar block ``meta[m, :]``.
+META_STEPS = 0  # base vectors seen (shingle fill included)
+META_SEQ = 1  # complete shingled points learned (AWS's entries seen)
+META_WBASE = 2  # sequence number the stored sampler weights are relative to
+META_ARENA_END = 3  # first free float in the arena
+META_LAST_PID = 4  # id of the point stored last (candidate for shingle overlap), -1 none
+META_LAST_SEQ = 5  # seq at which META_LAST_PID was stored
+META_FREE_PID = 6  # head of the free point-id list (threaded through ``offset``), -1 none
+META_NPOINTS = 7  # live point ids
+META_RNG = 8  # splitmix64 state (stored as int64 bits)
+META_FIELDS = 9
+
+# Bounding boxes of the internal nodes in the top CACHE_LEVELS levels of every tree are
+# kept, addressed by heap position (0 root, 1-2 its children, 3-6 grandchildren). They are
+# the nodes whose boxes are the most expensive to grow on the fly (the largest subtrees).
+CACHE_LEVELS = 3
+CACHE_SLOTS = 7
+_NO_NODE = -(1 << 30)
+
+# Renormalise sampler weights when the decayed part grows past this (keeps float32 exact).
+_WEIGHT_RENORM = 64.0
+_INITIAL_ACCEPT_FRACTION = 0.125
+
+
+@njit(cache=True)
+def _uniform(meta: np.ndarray, m: int) -> float:
+    """splitmix64 -> float in (0, 1); the state lives in ``meta[m, META_RNG]``."""
+    x = np.uint64(meta[m, META_RNG]) + np.uint64(0x9E3779B97F4A7C15)
+    meta[m, META_RNG] = np.int64(x)
+    z = x
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (float(z >> np.uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
+
+
+@njit(cache=True, inline="always")
+def _grow_leaf(arena_m: np.ndarray, off: int, lo: np.ndarray, hi: np.ndarray, dim: int) -> None:
+    # Unsigned indices: numba then skips the negative-index check, and LLVM vectorises.
+    base = np.uint64(off)
+    for d in range(dim):
+        v = arena_m[base + np.uint64(d)]
+        lo[d] = v if v < lo[d] else lo[d]
+        hi[d] = v if v > hi[d] else hi[d]
+
+
+@njit(cache=True)
+def _grow_subtree(
+    node: int,
+    left_t: np.ndarray,
+    right_t: np.ndarray,
+    spid_g: np.ndarray,
+    offset_m: np.ndarray,
+    arena_m: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    stack: np.ndarray,
+    dim: int,
+) -> None:
+    """Extend the box (lo, hi) by every point under ``node``."""
+    if node < 0:
+        _grow_leaf(arena_m, offset_m[spid_g[-node - 2]], lo, hi, dim)
+        return
+    top = 1
+    stack[0] = node
+    while top > 0:
+        top -= 1
+        n = stack[top]
+        if n >= 0:
+            stack[top] = left_t[n]
+            stack[top + 1] = right_t[n]
+            top += 2
+        else:
+            _grow_leaf(arena_m, offset_m[spid_g[-n - 2]], lo, hi, dim)
+
+
+@njit(cache=True)
+def _descend(
+    q: np.ndarray,
+    root: int,
+    cut_dim_t: np.ndarray,
+    cut_val_t: np.ndarray,
+    left_t: np.ndarray,
+    right_t: np.ndarray,
+    path: np.ndarray,
+) -> tuple[int, int]:
+    """Follow the cuts from the root; returns (leaf code, depth). ``path[:depth]`` holds the
+    internal nodes from the root down."""
+    node = root
+    depth = 0
+    while node >= 0:
+        path[depth] = node
+        depth += 1
+        node = left_t[node] if q[cut_dim_t[node]] <= cut_val_t[node] else right_t[node]
+    return node, depth
+
+
+@njit(cache=True)
+def _slot_mass(spid_g: np.ndarray, size: int, pid: int) -> int:
+    count = 0
+    for s in range(size):
+        if spid_g[s] == pid:
+            count += 1
+    return count
+
+
+@njit(cache=True)
+def _path_slots(path: np.ndarray, depth: int, leaf: int, left_t: np.ndarray,
+                slots: np.ndarray) -> None:
+    """Heap position of ``path[j]`` for the cached levels j < min(depth, CACHE_LEVELS)."""
+    pos = 0
+    for j in range(min(depth, CACHE_LEVELS)):
+        slots[j] = pos
+        child = path[j + 1] if j + 1 < depth else leaf
+        pos = 2 * pos + 1 if left_t[path[j]] == child else 2 * pos + 2
+
+
+@njit(cache=True)
+def _compute_slot(slot: int, node: int, box_t: np.ndarray, left_t: np.ndarray,
+                  right_t: np.ndarray, spid_g: np.ndarray, offset_m: np.ndarray,
+                  arena_m: np.ndarray, stack: np.ndarray, dim: int) -> None:
+    """Recompute the cached box of internal ``node`` at heap position ``slot`` (children in
+    the cached levels must already be up to date)."""
+    lo = box_t[slot, 0]
+    hi = box_t[slot, 1]
+    lo[:] = np.inf
+    hi[:] = -np.inf
+    if 2 * slot + 1 >= CACHE_SLOTS:
+        _grow_subtree(node, left_t, right_t, spid_g, offset_m, arena_m, lo, hi, stack, dim)
+        return
+    for k in range(2):
+        child = left_t[node] if k == 0 else right_t[node]
+        if child >= 0:
+            cs = 2 * slot + 1 + k
+            for d in range(dim):
+                lo[d] = min(lo[d], box_t[cs, 0, d])
+                hi[d] = max(hi[d], box_t[cs, 1, d])
+        else:
+            _grow_leaf(arena_m, offset_m[spid_g[-child - 2]], lo, hi, dim)
+
+
+@njit(cache=True)
+def rebuild_top(root: int, box_t: np.ndarray, left_t: np.ndarray, right_t: np.ndarray,
+                spid_g: np.ndarray, offset_m: np.ndarray, arena_m: np.ndarray,
+                stack: np.ndarray) -> None:
+    """Recompute every cached box of one tree (after its top levels changed shape)."""
+    dim = box_t.shape[2]
+    nodes = np.full(CACHE_SLOTS, _NO_NODE, dtype=np.int64)
+    nodes[0] = root
+    for slot in range(CACHE_SLOTS // 2):
+        n = nodes[slot]
+        if n >= 0:
+            nodes[2 * slot + 1] = left_t[n]
+            nodes[2 * slot + 2] = right_t[n]
+    for slot in range(CACHE_SLOTS - 1, -1, -1):
+        if nodes[slot] >= 0:
+            _compute_slot(slot, nodes[slot], box_t, left_t, right_t, spid_g, offset_m, arena_m,
+                          stack, dim)
+
+
+@njit(cache=True)
+def _score_tree(
+    q: np.ndarray,
+    root: int,
+    cut_dim_t: np.ndarray,
+    cut_val_t: np.ndarray,
+    left_t: np.ndarray,
+    right_t: np.ndarray,
+    box_t: np.ndarray,
+    spid_g: np.ndarray,
+    size: int,
+    offset_m: np.ndarray,
+    arena_m: np.ndarray,
+    path: np.ndarray,
+    stack: np.ndarray,
+    slots: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    high: np.ndarray,
+    low: np.ndarray,
+    vhigh: np.ndarray,
+    vlow: np.ndarray,
+    attribute: bool,
+) -> float:
+    """AWS anomaly score of ``q`` in one tree (before normalisation); if ``attribute``, the
+    tree's DiVector is added into ``high``/``low`` (summing to the returned score)."""
+    dim = q.shape[0]
+    leaf, depth = _descend(q, root, cut_dim_t, cut_val_t, left_t, right_t, path)
+    pid = spid_g[-leaf - 2]
+    off = offset_m[pid]
+    x = arena_m[off : off + dim]
+    equal = True
+    for d in range(dim):
+        if x[d] != q[d]:
+            equal = False
+            break
+    if equal:
+        mass = _slot_mass(spid_g, size, pid)
+        score = (1.0 - mass / (2.0 * size)) / (depth + np.log2(mass + 1.0))
+        if attribute:
+            share = score / (2.0 * dim)
+            for d in range(dim):
+                high[d] += share
+                low[d] += share
+        return score
+    # The leaf is a box holding one point: the separation probability is 1.
+    score = 1.0 / (depth + 1.0)
+    for d in range(dim):
+        lo[d] = x[d]
+        hi[d] = x[d]
+    if attribute:
+        total = 0.0
+        for d in range(dim):
+            diff = np.float64(q[d]) - np.float64(x[d])
+            vhigh[d] = max(diff, 0.0)
+            vlow[d] = max(-diff, 0.0)
+            total += abs(diff)
+        for d in range(dim):
+            vhigh[d] = vhigh[d] / total * score
+            vlow[d] = vlow[d] / total * score
+    _path_slots(path, depth, leaf, left_t, slots)
+    child = leaf
+    for level in range(depth - 1, -1, -1):
+        node = path[level]
+        if level < CACHE_LEVELS:
+            slot = slots[level]
+            for d in range(dim):
+                lo[d] = box_t[slot, 0, d]
+                hi[d] = box_t[slot, 1, d]
+        else:
+            sibling = right_t[node] if left_t[node] == child else left_t[node]
+            _grow_subtree(sibling, left_t, right_t, spid_g, offset_m, arena_m, lo, hi, stack,
+                          dim)
+        child = node
+        gap = 0.0
+        span = 0.0
+        for d in range(dim):
+            qd = np.float64(q[d])
+            h = np.float64(hi[d])
+            lw = np.float64(lo[d])
+            gap += max(qd - h, 0.0) + max(lw - qd, 0.0)
+            span += h - lw
+        if gap <= 0.0:
+            break
+        new_range = span + gap
+        prob = gap / new_range
+        unseen = 1.0 / (level + 1.0)
+        score = prob * unseen + (1.0 - prob) * score
+        if attribute:
+            keep = 1.0 - prob
+            scale = unseen / new_range
+            for d in range(dim):
+                qd = q[d]
+                gh = float(qd) - float(hi[d]) if qd > hi[d] else 0.0
+                gl = float(lo[d]) - float(qd) if qd < lo[d] else 0.0
+                vhigh[d] = gh * scale + keep * vhigh[d]
+                vlow[d] = gl * scale + keep * vlow[d]
+    if attribute:
+        for d in range(dim):
+            high[d] += vhigh[d]
+            low[d] += vlow[d]
+    return score
+
+
+@njit(cache=True)
+def _random_cut(
+    factor: float, q: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> tuple[int, np.float32]:
+    """AWS's randomCut: a dimension chosen in proportion to the range of box U {q}, and a
+    value uniform in it (kept in [min, max) so both sides are non-empty)."""
+    dim = q.shape[0]
+    total = 0.0
+    for d in range(dim):
+        mn = min(lo[d], q[d])
+        mx = max(hi[d], q[d])
+        total += float(mx) - float(mn)
+    brk = factor * total
+    last = -1
+    for d in range(dim):
+        mn = min(lo[d], q[d])
+        mx = max(hi[d], q[d])
+        gap = float(mx) - float(mn)
+        if gap > 0.0:
+            last = d
+            if brk <= gap:
+                value = np.float32(float(mn) + brk)
+                if value >= mx:
+                    value = np.float32(np.nextafter(mx, mn))
+                return d, value
+        brk -= gap
+    # Rounding left brk above the last gap: cut just below the top of the last usable dim.
+    mn = min(lo[last], q[last])
+    mx = max(hi[last], q[last])
+    return last, np.float32(np.nextafter(mx, mn))
+
+
+@njit(cache=True)
+def _insert_leaf(
+    q: np.ndarray,
+    slot: int,
+    t: int,
+    m: int,
+    root: np.ndarray,
+    free_head: np.ndarray,
+    cut_dim_t: np.ndarray,
+    cut_val_t: np.ndarray,
+    left_t: np.ndarray,
+    right_t: np.ndarray,
+    box_t: np.ndarray,
+    spid_g: np.ndarray,
+    offset_m: np.ndarray,
+    arena_m: np.ndarray,
+    meta: np.ndarray,
+    path: np.ndarray,
+    stack: np.ndarray,
+    slots: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+) -> None:
+    """Insert sampler slot ``slot`` (whose point is ``q``, not a duplicate) into tree t."""
+    dim = q.shape[0]
+    new_leaf = -(slot + 2)
+    r = root[m, t]
+    if r == -1:
+        root[m, t] = new_leaf
+        return
+    leaf, depth = _descend(q, r, cut_dim_t, cut_val_t, left_t, right_t, path)
+    _path_slots(path, depth, leaf, left_t, slots)
+    off = offset_m[spid_g[-leaf - 2]]
+    x = arena_m[off : off + dim]
+    for d in range(dim):
+        lo[d] = x[d]
+        hi[d] = x[d]
+    cur = leaf
+    level = depth - 1
+    saved_node = leaf
+    saved_level = level
+    saved_dim = -1
+    saved_val = np.float32(0.0)
+    while True:
+        factor = _uniform(meta, m)
+        cdim, cval = _random_cut(factor, q, lo, hi)
+        if (q[cdim] <= cval and cval < lo[cdim]) or (q[cdim] > cval and cval >= hi[cdim]):
+            saved_node = cur
+            saved_level = level
+            saved_dim = cdim
+            saved_val = cval
+        contains = True
+        for d in range(dim):
+            if q[d] < lo[d] or q[d] > hi[d]:
+                contains = False
+                break
+        if contains or level < 0:
+            break
+        parent = path[level]
+        if level < CACHE_LEVELS:
+            slot = slots[level]
+            for d in range(dim):
+                lo[d] = box_t[slot, 0, d]
+                hi[d] = box_t[slot, 1, d]
+        else:
+            sibling = right_t[parent] if left_t[parent] == cur else left_t[parent]
+            _grow_subtree(sibling, left_t, right_t, spid_g, offset_m, arena_m, lo, hi, stack,
+                          dim)
+        cur = parent
+        level -= 1
+    node = free_head[m, t]
+    free_head[m, t] = left_t[node]
+    cut_dim_t[node] = saved_dim
+    cut_val_t[node] = saved_val
+    if q[saved_dim] <= saved_val:
+        left_t[node] = new_leaf
+        right_t[node] = saved_node
+    else:
+        left_t[node] = saved_node
+        right_t[node] = new_leaf
+    if saved_level < 0:
+        root[m, t] = node
+    else:
+        parent = path[saved_level]
+        if left_t[parent] == saved_node:
+            left_t[parent] = node
+        else:
+            right_t[parent] = node
+    if saved_level + 1 < CACHE_LEVELS:
+        # The new node sits in the cached levels: positions below it shifted.
+        rebuild_top(root[m, t], box_t, left_t, right_t, spid_g, offset_m, arena_m, stack)
+    else:
+        for level in range(CACHE_LEVELS):
+            blo = box_t[slots[level], 0]
+            bhi = box_t[slots[level], 1]
+            for d in range(dim):
+                blo[d] = min(blo[d], q[d])
+                bhi[d] = max(bhi[d], q[d])
+
+
+@njit(cache=True)
+def _delete_leaf(
+    y: np.ndarray,
+    slot: int,
+    replacement: int,
+    t: int,
+    m: int,
+    root: np.ndarray,
+    free_head: np.ndarray,
+    cut_dim_t: np.ndarray,
+    cut_val_t: np.ndarray,
+    left_t: np.ndarray,
+    right_t: np.ndarray,
+    box_t: np.ndarray,
+    spid_g: np.ndarray,
+    offset_m: np.ndarray,
+    arena_m: np.ndarray,
+    path: np.ndarray,
+    stack: np.ndarray,
+    slots: np.ndarray,
+) -> None:
+    """Remove sampler slot ``slot`` (point ``y``) from tree t. If ``replacement`` >= 0 other
+    slots still hold the same point: the leaf stays, re-pointed if it referred to ``slot``."""
+    leaf, depth = _descend(y, root[m, t], cut_dim_t, cut_val_t, left_t, right_t, path)
+    if replacement >= 0:
+        if leaf == -(slot + 2):
+            new_code = -(replacement + 2)
+            if depth == 0:
+                root[m, t] = new_code
+            else:
+                parent = path[depth - 1]
+                if left_t[parent] == leaf:
+                    left_t[parent] = new_code
+                else:
+                    right_t[parent] = new_code
+        return
+    if depth == 0:
+        root[m, t] = -1
+        return
+    _path_slots(path, depth, leaf, left_t, slots)
+    parent = path[depth - 1]
+    sibling = right_t[parent] if left_t[parent] == leaf else left_t[parent]
+    if depth == 1:
+        root[m, t] = sibling
+    else:
+        grand = path[depth - 2]
+        if left_t[grand] == parent:
+            left_t[grand] = sibling
+        else:
+            right_t[grand] = sibling
+    left_t[parent] = free_head[m, t]
+    free_head[m, t] = parent
+    if depth - 1 < CACHE_LEVELS:
+        rebuild_top(root[m, t], box_t, left_t, right_t, spid_g, offset_m, arena_m, stack)
+        return
+    # The cached ancestors keep their places; their boxes shrink only if y was on the
+    # boundary of the deepest one (it lies inside all of them).
+    deepest = box_t[slots[CACHE_LEVELS - 1]]
+    on_edge = False
+    for d in range(y.shape[0]):
+        if y[d] == deepest[0, d] or y[d] == deepest[1, d]:
+            on_edge = True
+            break
+    if on_edge:
+        for level in range(CACHE_LEVELS - 1, -1, -1):
+            _compute_slot(slots[level], path[level], box_t, left_t, right_t, spid_g, offset_m,
+                          arena_m, stack, y.shape[0])
+
+
+@njit(cache=True)
+def compact_arena(m: int, arena: np.ndarray, offset: np.ndarray, refcnt: np.ndarray,
+                  meta: np.ndarray, dim: int) -> None:
+    """Move live points to the front of model m's arena, keeping shared shingle overlaps."""
+    npid = offset.shape[1]
+    live = np.empty(npid, dtype=np.int64)
+    count = 0
+    for p in range(npid):
+        if refcnt[m, p] > 0:
+            live[count] = p
+            count += 1
+    live = live[:count]
+    order = np.argsort(offset[m, live], kind="mergesort")
+    arena_m = arena[m]
+    write = 0  # next free float in the compacted arena
+    prev_old = -(1 << 40)
+    prev_new = 0
+    for k in range(count):
+        p = live[order[k]]
+        old = offset[m, p]
+        # A point overlapping the previous live one keeps the same relative position.
+        new = prev_new + (old - prev_old) if old < prev_old + dim else write
+        start = max(write, new)  # floats before ``write`` are already in place
+        for j in range(start - new, dim):
+            arena_m[new + j] = arena_m[old + j]
+        write = new + dim
+        offset[m, p] = new
+        prev_old = old
+        prev_new = new
+    meta[m, META_ARENA_END] = write
+
+
+@njit(cache=True)
+def _store_point(q: np.ndarray, shift: int, m: int, arena: np.ndarray, offset: np.ndarray,
+                 refcnt: np.ndarray, meta: np.ndarray) -> int:
+    """Store the current shingle ``q``; returns its point id (reference count 0)."""
+    dim = q.shape[0]
+    pid = meta[m, META_FREE_PID]
+    meta[m, META_FREE_PID] = offset[m, pid]
+    meta[m, META_NPOINTS] += 1
+    last = meta[m, META_LAST_PID]
+    end = meta[m, META_ARENA_END]
+    cap = arena.shape[1]
+    overlap = (
+        last >= 0
+        and meta[m, META_LAST_SEQ] == meta[m, META_SEQ] - 1
+        and offset[m, last] + dim == end
+        and end + shift <= cap
+    )
+    if overlap:
+        start = end - dim + shift
+        for j in range(dim - shift, dim):
+            arena[m, start + j] = q[j]
+        meta[m, META_ARENA_END] = end + shift
+    else:
+        if end + dim > cap:
+            # ``pid`` has no references yet, so compaction leaves it alone.
+            compact_arena(m, arena, offset, refcnt, meta, dim)
+            end = meta[m, META_ARENA_END]
+        start = end
+        for j in range(dim):
+            arena[m, start + j] = q[j]
+        meta[m, META_ARENA_END] = end + dim
+    offset[m, pid] = start
+    meta[m, META_LAST_PID] = pid
+    meta[m, META_LAST_SEQ] = meta[m, META_SEQ]
+    return pid
+
+
+@njit(cache=True)
+def _release_point(pid: int, m: int, offset: np.ndarray, refcnt: np.ndarray,
+                   meta: np.ndarray) -> None:
+    refcnt[m, pid] -= 1
+    if refcnt[m, pid] == 0:
+        offset[m, pid] = meta[m, META_FREE_PID]
+        meta[m, META_FREE_PID] = pid
+        meta[m, META_NPOINTS] -= 1
+        if meta[m, META_LAST_PID] == pid:
+            meta[m, META_LAST_PID] = -1
+
+
+@njit(cache=True)
+def _heaviest(weight_g: np.ndarray, size: int) -> int:
+    best = 0
+    for s in range(1, size):
+        if weight_g[s] > weight_g[best]:
+            best = s
+    return best
+
+
+@njit(cache=True)
+def _learn(
+    q: np.ndarray,
+    shift: int,
+    m: int,
+    decay: float,
+    meta: np.ndarray,
+    weight: np.ndarray,
+    spid: np.ndarray,
+    ssize: np.ndarray,
+    heavy: np.ndarray,
+    root: np.ndarray,
+    free_head: np.ndarray,
+    cut_dim: np.ndarray,
+    cut_val: np.ndarray,
+    left: np.ndarray,
+    right: np.ndarray,
+    box: np.ndarray,
+    arena: np.ndarray,
+    offset: np.ndarray,
+    refcnt: np.ndarray,
+    path: np.ndarray,
+    stack: np.ndarray,
+    slots: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    ybuf: np.ndarray,
+) -> None:
+    """Offer the shingled point ``q`` to every sampler of model m and update its trees."""
+    groups = weight.shape[1]
+    capacity = weight.shape[2]
+    trees = root.shape[1]
+    per_group = trees // groups
+    dim = q.shape[0]
+    seq = meta[m, META_SEQ]
+    if (seq - meta[m, META_WBASE]) * decay > _WEIGHT_RENORM:
+        delta = np.float32((seq - meta[m, META_WBASE]) * decay)
+        for g in range(groups):
+            for s in range(ssize[m, g]):
+                weight[m, g, s] += delta
+        meta[m, META_WBASE] = seq
+    base = -(seq - meta[m, META_WBASE]) * decay
+    new_pid = -1
+    arena_m = arena[m]
+    offset_m = offset[m]
+    for g in range(groups):
+        size = ssize[m, g]
+        w = np.float32(base + np.log(-np.log(_uniform(meta, m))))
+        initial = False
+        if size < capacity:
+            fill = size / capacity
+            if fill < _INITIAL_ACCEPT_FRACTION:
+                accept_p = 1.0
+            else:
+                accept_p = 1.0 - (fill - _INITIAL_ACCEPT_FRACTION) / (
+                    1.0 - _INITIAL_ACCEPT_FRACTION
+                )
+            initial = _uniform(meta, m) < accept_p
+        top = heavy[m, g]
+        if not initial and (size == 0 or w >= weight[m, g, top]):
+            continue
+        spid_g = spid[m, g]
+        t0 = g * per_group
+        if initial:
+            slot = size
+            ssize[m, g] = size + 1
+        else:
+            # Evict the heaviest (oldest-weighted) slot from every tree of the group.
+            slot = top
+            old_pid = spid_g[slot]
+            replacement = -1
+            for s in range(size):
+                if s != slot and spid_g[s] == old_pid:
+                    replacement = s
+                    break
+            old_off = offset_m[old_pid]
+            for d in range(dim):
+                ybuf[d] = arena_m[old_off + d]
+            for t in range(t0, t0 + per_group):
+                _delete_leaf(ybuf, slot, replacement, t, m, root, free_head, cut_dim[m, t],
+                             cut_val[m, t], left[m, t], right[m, t], box[m, t], spid_g,
+                             offset_m, arena_m, path, stack, slots)
+            spid_g[slot] = -1
+            _release_point(old_pid, m, offset, refcnt, meta)
+        # Duplicate of a point already in this group's sample? (All its trees agree.)
+        dup_pid = -1
+        r = root[m, t0]
+        if r != -1:
+            leaf, _ = _descend(q, r, cut_dim[m, t0], cut_val[m, t0], left[m, t0], right[m, t0],
+                               path)
+            lp = spid_g[-leaf - 2]
+            loff = offset_m[lp]
+            dup_pid = lp
+            for d in range(dim):
+                if arena_m[loff + d] != q[d]:
+                    dup_pid = -1
+                    break
+        if dup_pid >= 0:
+            pid = dup_pid
+        else:
+            if new_pid < 0:
+                new_pid = _store_point(q, shift, m, arena, offset, refcnt, meta)
+            pid = new_pid
+        spid_g[slot] = pid
+        weight[m, g, slot] = w
+        heavy[m, g] = _heaviest(weight[m, g], ssize[m, g])
+        refcnt[m, pid] += 1
+        if dup_pid < 0:
+            for t in range(t0, t0 + per_group):
+                _insert_leaf(q, slot, t, m, root, free_head, cut_dim[m, t], cut_val[m, t],
+                             left[m, t], right[m, t], box[m, t], spid_g, offset_m, arena_m,
+                             meta, path, stack, slots, lo, hi)
+    meta[m, META_SEQ] = seq + 1
+
+
+@njit(cache=True)
+def advance(
+    ids: np.ndarray,
+    points: np.ndarray,
+    learn: bool,
+    attribute_above: np.ndarray,
+    output_after: int,
+    decay: float,
+    meta: np.ndarray,
+    shingle_buf: np.ndarray,
+    weight: np.ndarray,
+    spid: np.ndarray,
+    ssize: np.ndarray,
+    heavy: np.ndarray,
+    root: np.ndarray,
+    free_head: np.ndarray,
+    cut_dim: np.ndarray,
+    cut_val: np.ndarray,
+    left: np.ndarray,
+    right: np.ndarray,
+    box: np.ndarray,
+    arena: np.ndarray,
+    offset: np.ndarray,
+    refcnt: np.ndarray,
+    scores: np.ndarray,
+    high: np.ndarray,
+    low: np.ndarray,
+) -> None:
+    """Score each row's shingled point against its model (and learn it if ``learn``).
+
+    ``high``/``low`` receive the forest's DiVector (averaged over trees, over the shingled
+    dimensions) for rows whose score exceeds ``attribute_above``; it comes from the scoring
+    pass itself, so the only saving is for rows whose limit is +inf."""
+    n = ids.shape[0]
+    dims = points.shape[1]
+    dim = shingle_buf.shape[1]
+    shingle = dim // dims
+    groups = weight.shape[1]
+    capacity = weight.shape[2]
+    trees = root.shape[1]
+    per_group = trees // groups
+    q = np.empty(dim, dtype=np.float32)
+    path = np.empty(capacity + 2, dtype=np.int64)
+    stack = np.empty(2 * capacity + 4, dtype=np.int64)
+    lo = np.empty(dim, dtype=np.float32)
+    hi = np.empty(dim, dtype=np.float32)
+    ybuf = np.empty(dim, dtype=np.float32)
+    slots = np.empty(CACHE_LEVELS, dtype=np.int64)
+    vhigh = np.empty(dim)
+    vlow = np.empty(dim)
+    ghigh = np.empty(dim)
+    glow = np.empty(dim)
+    for i in range(n):
+        m = ids[i]
+        for d in range(dim - dims):
+            q[d] = shingle_buf[m, d + dims]
+        for d in range(dims):
+            q[dim - dims + d] = points[i, d]
+        steps = meta[m, META_STEPS]
+        scores[i] = 0.0
+        for d in range(dim):
+            high[i, d] = 0.0
+            low[i, d] = 0.0
+        full = steps + 1 >= shingle
+        if full and meta[m, META_SEQ] >= output_after and meta[m, META_SEQ] > 0:
+            attribute = not np.isinf(attribute_above[i])
+            total = 0.0
+            for g in range(groups):
+                size = ssize[m, g]
+                if size == 0:
+                    continue
+                norm = np.log2(size + 1.0)
+                spid_g = spid[m, g]
+                ghigh[:] = 0.0
+                glow[:] = 0.0
+                group_total = 0.0
+                for t in range(g * per_group, (g + 1) * per_group):
+                    group_total += _score_tree(
+                        q, root[m, t], cut_dim[m, t], cut_val[m, t], left[m, t], right[m, t],
+                        box[m, t], spid_g, size, offset[m], arena[m], path, stack, slots, lo,
+                        hi, ghigh, glow, vhigh, vlow, attribute,
+                    )
+                total += group_total * norm
+                if attribute:
+                    for d in range(dim):
+                        high[i, d] += ghigh[d] * norm
+                        low[i, d] += glow[d] * norm
+            scores[i] = total / trees
+            if attribute and scores[i] > attribute_above[i]:
+                for d in range(dim):
+                    high[i, d] /= trees
+                    low[i, d] /= trees
+            else:
+                for d in range(dim):
+                    high[i, d] = 0.0
+                    low[i, d] = 0.0
+        if learn:
+            for d in range(dim):
+                shingle_buf[m, d] = q[d]
+            meta[m, META_STEPS] = steps + 1
+            if full:
+                _learn(q, dims, m, decay, meta, weight, spid, ssize, heavy, root, free_head,
+                       cut_dim, cut_val, left, right, box, arena, offset, refcnt, path, stack,
+                       slots, lo, hi, ybuf)
+
+
+@njit(cache=True)
+def rebuild_boxes(m: int, root: np.ndarray, box: np.ndarray, left: np.ndarray,
+                  right: np.ndarray, spid: np.ndarray, offset: np.ndarray,
+                  arena: np.ndarray) -> None:
+    """Recompute model m's cached boxes (they are not checkpointed: derived state)."""
+    trees = root.shape[1]
+    per_group = trees // spid.shape[1]
+    stack = np.empty(2 * spid.shape[2] + 4, dtype=np.int64)
+    for t in range(trees):
+        if root[m, t] >= 0:
+            rebuild_top(root[m, t], box[m, t], left[m, t], right[m, t],
+                        spid[m, t // per_group], offset[m], arena[m], stack)

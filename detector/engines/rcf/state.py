@@ -1,0 +1,264 @@
+"""The arrays behind every model of a numba RCF engine, and one model's checkpoint bytes.
+
+All models live in the same arrays (leading axis = model id), so one kernel call can
+advance any subset of them. Index types are the narrowest that fit the config (uint8 cut
+dimensions, int16 child codes and point ids for the usual sizes) because memory per model
+is the point of this engine.
+
+Checkpoint layout of one model (little-endian), version 1::
+
+    b"FPNR"  magic
+    u8       version
+    u8 x 3   dtype codes of cut_dim, child codes, point ids (see _DTYPE_CODES)
+    u32 x 7  dims, shingle, trees, sample_size, groups, point ids, arena floats stored
+    then the arrays of ``_FIELDS`` in order, each exactly the model's slice, except the
+    arena, which is compacted first and stored up to its end. The cached top-level boxes
+    are derived state: not stored, recomputed on restore.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from detector.engines.base import EngineConfig, model_seed
+from detector.engines.rcf import kernels
+
+__all__ = ["ForestArrays"]
+
+_MAGIC = b"FPNR"
+_VERSION = 1
+_HEADER = struct.Struct("<4sB3B7I")
+_DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.uint16): 2, np.dtype(np.int16): 3,
+                np.dtype(np.int32): 4}
+# Per-model arrays in checkpoint order (the arena is handled separately).
+_FIELDS = ("meta", "shingle_buf", "weight", "spid", "ssize", "heavy", "root", "free_head",
+           "cut_dim", "cut_val", "left", "right", "offset", "refcnt")
+
+
+@dataclass
+class _Layout:
+    dim: int
+    groups: int
+    pids: int
+    cut_dim: np.dtype
+    child: np.dtype
+    pid: np.dtype
+
+
+DEFAULT_SAMPLE_GROUPS = 1
+"""Reservoirs per model when the config leaves it open (see EngineConfig.sample_groups)."""
+
+
+def _layout(config: EngineConfig) -> _Layout:
+    dim = config.dims * config.shingle
+    groups = DEFAULT_SAMPLE_GROUPS if config.sample_groups is None else config.sample_groups
+    pids = groups * config.sample_size + 2
+    return _Layout(
+        dim=dim,
+        groups=groups,
+        pids=pids,
+        cut_dim=np.dtype(np.uint8 if dim <= 256 else np.uint16),
+        child=np.dtype(np.int16 if 2 * config.sample_size + 4 < 2**15 else np.int32),
+        pid=np.dtype(np.int16 if pids < 2**15 else np.int32),
+    )
+
+
+class ForestArrays:
+    """State of ``models`` forests; grows by doubling along the model axis."""
+
+    # One array per field of _FIELDS (plus the cached boxes and the arena), model axis first.
+    meta: npt.NDArray[np.int64]
+    shingle_buf: npt.NDArray[np.float32]
+    weight: npt.NDArray[np.float32]
+    spid: npt.NDArray[np.integer]
+    ssize: npt.NDArray[np.int32]
+    heavy: npt.NDArray[np.int32]
+    root: npt.NDArray[np.integer]
+    free_head: npt.NDArray[np.integer]
+    cut_dim: npt.NDArray[np.integer]
+    cut_val: npt.NDArray[np.float32]
+    left: npt.NDArray[np.integer]
+    right: npt.NDArray[np.integer]
+    box: npt.NDArray[np.float32]
+    offset: npt.NDArray[np.int32]
+    refcnt: npt.NDArray[np.int32]
+    arena: npt.NDArray[np.float32]
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.layout = _layout(config)
+        lay = self.layout
+        # Start the arena at room for a few samples' worth of distinct points; it grows
+        # (for all models) when any model's live points need more.
+        self.arena_cap = lay.dim * min(lay.pids, 2 * config.sample_size + 2)
+        self.models = 0
+        self._alloc(0)
+
+    # -- allocation ---------------------------------------------------------------------
+    def _shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        cfg, lay = self.config, self.layout
+        s, t, g = cfg.sample_size, cfg.trees, lay.groups
+        return {
+            "meta": ((kernels.META_FIELDS,), np.dtype(np.int64)),
+            "shingle_buf": ((lay.dim,), np.dtype(np.float32)),
+            "weight": ((g, s), np.dtype(np.float32)),
+            "spid": ((g, s), lay.pid),
+            "ssize": ((g,), np.dtype(np.int32)),
+            "heavy": ((g,), np.dtype(np.int32)),
+            "root": ((t,), lay.child),
+            "free_head": ((t,), lay.child),
+            "cut_dim": ((t, s - 1), lay.cut_dim),
+            "cut_val": ((t, s - 1), np.dtype(np.float32)),
+            "left": ((t, s - 1), lay.child),
+            "right": ((t, s - 1), lay.child),
+            "box": ((t, kernels.CACHE_SLOTS, 2, lay.dim), np.dtype(np.float32)),
+            "offset": ((lay.pids,), np.dtype(np.int32)),
+            "refcnt": ((lay.pids,), np.dtype(np.int32)),
+        }
+
+    def _alloc(self, capacity: int) -> None:
+        for name, (shape, dtype) in self._shapes().items():
+            setattr(self, name, np.zeros((capacity, *shape), dtype=dtype))
+        self.arena = np.zeros((capacity, self.arena_cap), dtype=np.float32)
+        self.capacity = capacity
+
+    def ensure(self, n: int) -> None:
+        """Make models ``0 .. n-1`` exist, each empty and seeded from (seed, model id)."""
+        if n <= self.models:
+            return
+        if n > self.capacity:
+            old = {name: getattr(self, name) for name in (*_FIELDS, "box", "arena")}
+            self._alloc(max(n, 2 * self.capacity, 8))
+            for name, array in old.items():
+                getattr(self, name)[: self.models] = array[: self.models]
+        for m in range(self.models, n):
+            self.reset(m)
+        self.models = n
+
+    def reset(self, m: int) -> None:
+        """Put model m in its initial (empty, cold-start) state."""
+        s = self.config.sample_size
+        meta = self.meta[m]
+        meta[:] = 0
+        meta[kernels.META_LAST_PID] = -1
+        meta[kernels.META_LAST_SEQ] = -1
+        meta[kernels.META_FREE_PID] = 0
+        meta[kernels.META_RNG] = model_seed(self.config.seed, m)
+        self.shingle_buf[m] = 0.0
+        self.weight[m] = 0.0
+        self.spid[m] = -1
+        self.ssize[m] = 0
+        self.heavy[m] = 0
+        self.root[m] = -1
+        self.free_head[m] = 0
+        self.cut_dim[m] = 0
+        self.cut_val[m] = 0.0
+        chain = np.arange(1, s, dtype=np.int64)
+        chain[-1] = -1
+        self.left[m] = chain.astype(self.layout.child)
+        self.right[m] = -1
+        self.box[m] = 0.0
+        pid_chain = np.arange(1, self.layout.pids + 1, dtype=np.int32)
+        pid_chain[-1] = -1
+        self.offset[m] = pid_chain
+        self.refcnt[m] = 0
+        self.arena[m] = 0.0
+
+    def grow_arena_if_needed(self) -> None:
+        """Keep room for every model to store one more point after compaction."""
+        if self.models == 0:
+            return
+        most = int(self.meta[: self.models, kernels.META_NPOINTS].max())
+        self._grow_arena((most + 2) * self.layout.dim)
+
+    def _grow_arena(self, need: int) -> None:
+        if need <= self.arena_cap:
+            return
+        cap = min(max(need, self.arena_cap * 3 // 2), (self.layout.pids + 1) * self.layout.dim)
+        arena = np.zeros((self.capacity, cap), dtype=np.float32)
+        arena[:, : self.arena_cap] = self.arena
+        self.arena, self.arena_cap = arena, cap
+
+    def kernel_arrays(self) -> tuple[npt.NDArray, ...]:
+        """The state arrays in the order ``kernels.advance`` takes them."""
+        return (self.meta, self.shingle_buf, self.weight, self.spid, self.ssize, self.heavy,
+                self.root, self.free_head, self.cut_dim, self.cut_val, self.left, self.right,
+                self.box, self.arena, self.offset, self.refcnt)
+
+    def model_bytes(self) -> int:
+        """Bytes one model holds in these arrays (its arena row at full capacity)."""
+        fixed = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in self._shapes().values())
+        return fixed + self.arena_cap * 4
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def _header_fields(self, arena_floats: int) -> tuple[int, ...]:
+        cfg, lay = self.config, self.layout
+        return (cfg.dims, cfg.shingle, cfg.trees, cfg.sample_size, lay.groups, lay.pids,
+                arena_floats)
+
+    def checkpoint(self, m: int) -> bytes:
+        # Compacting changes only where points sit in the arena, never a score.
+        kernels.compact_arena(m, self.arena, self.offset, self.refcnt, self.meta,
+                              self.layout.dim)
+        end = int(self.meta[m, kernels.META_ARENA_END])
+        lay = self.layout
+        parts = [_HEADER.pack(_MAGIC, _VERSION, _DTYPE_CODES[lay.cut_dim],
+                              _DTYPE_CODES[lay.child], _DTYPE_CODES[lay.pid],
+                              *self._header_fields(end))]
+        parts += [np.ascontiguousarray(getattr(self, name)[m]).astype(
+            getattr(self, name).dtype.newbyteorder("<"), copy=False).tobytes()
+            for name in _FIELDS]
+        parts.append(self.arena[m, :end].astype("<f4", copy=False).tobytes())
+        return b"".join(parts)
+
+    def restore(self, m: int, data: bytes) -> None:
+        if len(data) < _HEADER.size:
+            raise ValueError(f"numba RCF checkpoint too short: {len(data)} bytes")
+        magic, version, c_dim, c_child, c_pid, *fields = _HEADER.unpack_from(data)
+        if magic != _MAGIC:
+            raise ValueError(f"not a numba RCF checkpoint (magic {magic!r}, "
+                             f"expected {_MAGIC!r})")
+        if version != _VERSION:
+            raise ValueError(f"unsupported numba RCF checkpoint version {version} "
+                             f"(have {_VERSION})")
+        lay = self.layout
+        arena_floats = fields[-1]
+        expected = self._header_fields(arena_floats)
+        codes = (_DTYPE_CODES[lay.cut_dim], _DTYPE_CODES[lay.child], _DTYPE_CODES[lay.pid])
+        if tuple(fields) != expected or (c_dim, c_child, c_pid) != codes:
+            names = "dims, shingle, trees, sample_size, groups, point ids"
+            raise ValueError(f"checkpoint is for ({names}) = {tuple(fields[:-1])}, "
+                             f"engine has {expected[:-1]}")
+        pos = _HEADER.size
+        arrays = {}
+        shapes = self._shapes()
+        for name in _FIELDS:
+            shape, dtype = shapes[name]
+            count = int(np.prod(shape))
+            size = count * dtype.itemsize
+            if pos + size > len(data):
+                raise ValueError(f"numba RCF checkpoint truncated in {name}")
+            arrays[name] = np.frombuffer(data, dtype=dtype.newbyteorder("<"), count=count,
+                                         offset=pos).reshape(shape)
+            pos += size
+        if pos + 4 * arena_floats != len(data):
+            raise ValueError(f"numba RCF checkpoint has {len(data) - pos} arena bytes, "
+                             f"header says {4 * arena_floats}")
+        arena = np.frombuffer(data, dtype="<f4", count=arena_floats, offset=pos)
+        meta = arrays["meta"]
+        if meta[kernels.META_ARENA_END] != arena_floats or not (
+            0 <= meta[kernels.META_NPOINTS] <= lay.pids
+        ):
+            raise ValueError("numba RCF checkpoint is inconsistent (arena end, point count)")
+        self.ensure(m + 1)
+        self._grow_arena(arena_floats + 2 * lay.dim)
+        for name, array in arrays.items():
+            getattr(self, name)[m] = array
+        self.arena[m] = 0.0
+        self.arena[m, :arena_floats] = arena
+        kernels.rebuild_boxes(m, self.root, self.box, self.left, self.right, self.spid,
+                              self.offset, self.arena)

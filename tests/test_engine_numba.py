@@ -1,0 +1,133 @@
+"""Internals of the numba RCF engine that the conformance suite cannot see: cached boxes
+stay exact, the point store shares shingles and compacts, duplicates and weight
+renormalisation keep the model consistent, and memory stays within the budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from detector.engines import EngineConfig, ForestEngine, make_engine
+from detector.engines.numba_engine import NumbaEngine
+from detector.engines.rcf import kernels
+
+
+def wavy(steps: int, models: int, dims: int, seed: int) -> npt.NDArray[np.float32]:
+    rng = np.random.default_rng(seed)
+    t = np.arange(steps)[:, None, None]
+    phase = rng.uniform(0, 6, size=(1, models, dims))
+    noise = rng.normal(0, 0.2, size=(steps, models, dims))
+    return (np.sin(2 * np.pi * t / 50 + phase) + noise).astype(np.float32)
+
+
+def feed(engine: ForestEngine, data: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+    ids = np.arange(data.shape[1], dtype=np.int64)
+    engine.ensure_models(data.shape[1])
+    return np.stack([engine.update(ids, data[s]).scores for s in range(len(data))])
+
+
+def tree_invariants(engine: NumbaEngine, m: int) -> None:
+    """Every tree holds exactly its group's distinct sampled points, and every sampled
+    point id is live with the right reference count."""
+    st = engine._state
+    groups = st.spid.shape[1]
+    per_group = st.root.shape[1] // groups
+    refs = np.zeros(st.offset.shape[1], dtype=np.int64)
+    for g in range(groups):
+        size = int(st.ssize[m, g])
+        slots = st.spid[m, g, :size].astype(np.int64)
+        assert np.all(slots >= 0)
+        np.add.at(refs, slots, 1)
+        distinct = len(np.unique(slots))
+        for t in range(g * per_group, (g + 1) * per_group):
+            leaves, stack = [], [int(st.root[m, t])]
+            while stack:
+                n = stack.pop()
+                if n >= 0:
+                    stack += [int(st.left[m, t, n]), int(st.right[m, t, n])]
+                elif n <= -2:
+                    leaves.append(-n - 2)
+            assert len(leaves) == distinct
+            assert {int(st.spid[m, g, s]) for s in leaves} == set(slots.tolist())
+    np.testing.assert_array_equal(refs, st.refcnt[m])
+
+
+def test_cached_boxes_match_a_full_recomputation() -> None:
+    cfg = EngineConfig(dims=3, shingle=3, trees=10, sample_size=32, seed=1)
+    engine = NumbaEngine(cfg)
+    data = wavy(600, 3, 3, seed=1)
+    data[::37, :, 1] += 4.0  # outliers get inserted near the root: cached levels reshape
+    feed(engine, data)
+    st = engine._state
+    cached = st.box.copy()
+    for m in range(3):
+        kernels.rebuild_boxes(m, st.root, st.box, st.left, st.right, st.spid, st.offset,
+                              st.arena)
+        tree_invariants(engine, m)
+    np.testing.assert_array_equal(cached, st.box)
+
+
+def test_point_store_shares_shingles_and_compacts() -> None:
+    # One reservoir per tree: many distinct points, so the arena grows and compacts.
+    cfg = EngineConfig(dims=2, shingle=4, trees=8, sample_size=16, seed=2, sample_groups=8)
+    engine = NumbaEngine(cfg)
+    scores = feed(engine, wavy(1500, 2, 2, seed=2))
+    assert np.all(np.isfinite(scores))
+    st = engine._state
+    dim = cfg.dims * cfg.shingle
+    for m in range(2):
+        tree_invariants(engine, m)
+        live = int(st.meta[m, kernels.META_NPOINTS])
+        assert live == int(np.count_nonzero(st.refcnt[m]))
+        # Checkpointing compacts: overlapping shingles store fewer floats than points * D.
+        engine.checkpoint(m)
+        assert int(st.meta[m, kernels.META_ARENA_END]) < live * dim
+    assert st.arena_cap > 2 * (cfg.sample_size + 2) * dim  # grew past its first size
+    assert engine.model_bytes(0) >= st.arena_cap * 4
+
+
+def test_constant_signal_keeps_duplicates_in_one_leaf() -> None:
+    cfg = EngineConfig(dims=4, shingle=2, trees=6, sample_size=16, seed=3)
+    engine = NumbaEngine(cfg)
+    data = np.ones((300, 1, 4), dtype=np.float32)
+    data[150:, 0, 2] = 2.0  # a level shift: the new constant becomes the norm
+    scores = feed(engine, data)
+    tree_invariants(engine, 0)
+    steady = scores[100:150, 0]
+    assert np.all(steady > 0) and np.ptp(steady) < 1e-9
+    assert scores[150, 0] > 2 * steady[-1]
+    restored = NumbaEngine(cfg)
+    restored.ensure_models(1)
+    restored.restore(0, engine.checkpoint(0))
+    point = np.full((1, 4), 1.0, dtype=np.float32)
+    point[0, 2] = 2.0
+    np.testing.assert_array_equal(engine.score(np.array([0]), point).scores,
+                                  restored.score(np.array([0]), point).scores)
+
+
+def test_sampler_weights_renormalise_without_changing_order() -> None:
+    # A fast decay crosses the renormalisation threshold (64) after 640 points.
+    cfg = EngineConfig(dims=2, shingle=2, trees=4, sample_size=16, time_decay=0.1, seed=4)
+    engine = NumbaEngine(cfg)
+    feed(engine, wavy(1500, 1, 2, seed=4))
+    st = engine._state
+    assert st.meta[0, kernels.META_WBASE] > 0
+    weights = st.weight[0, 0, : st.ssize[0, 0]]
+    assert np.all(np.isfinite(weights)) and np.abs(weights).max() < 100
+    tree_invariants(engine, 0)
+
+
+def test_memory_and_checkpoint_fit_the_budget_at_issue_parameters() -> None:
+    cfg = EngineConfig(dims=8, shingle=4, trees=50, sample_size=256, seed=5)
+    engine = make_engine("numba", cfg)
+    feed(engine, wavy(400, 2, 8, seed=5))
+    assert engine.model_bytes(0) <= 256 * 1024
+    assert len(engine.checkpoint(0)) <= 256 * 1024
+
+
+def test_invalid_sample_groups_are_rejected() -> None:
+    with pytest.raises(ValueError, match="sample_groups"):
+        NumbaEngine(EngineConfig(dims=2, trees=10, sample_groups=3))
+    with pytest.raises(ValueError, match="reservoir per tree"):
+        make_engine("krcf", EngineConfig(dims=2, trees=10, sample_groups=2))
