@@ -24,7 +24,7 @@ from agent.sources.dcgm_parse import parse_exposition
 from agent.spool import Spool
 from fleetpulse.config import ConfigError, TransportConfig
 from fleetpulse.transport.memory import MemoryTransport
-from schemas.frame import decode_frame
+from schemas.frame import SampleFrame, decode_frame
 from schemas.identity import NodeIdentity
 from schemas.records import EventKind, EventRecord
 from schemas.topics import Topics
@@ -109,7 +109,7 @@ async def test_late_tick_has_real_time_and_ticks_are_never_bunched(
     source = DcgmSource(url, timeout_s=2.0)
     clock = TickClock(0.1)
     builder = FrameBuilder(IDENT, AgentSequence("a1"), 100)
-    frames = []
+    frames: list[SampleFrame] = []
     sampler = Sampler(source, clock, builder, frames.append, lambda ev: None)
     stop = asyncio.Event()
     task = asyncio.create_task(sampler.run(stop))

@@ -13,7 +13,7 @@ import pytest
 from fakes.nvml import FakeNvml, h100s
 
 from agent.run import print_tick
-from agent.sources.base import SourceError
+from agent.sources.base import Gathered, SourceError
 from agent.sources.nvml import NvmlSource
 from schemas.catalog import BY_ID, BY_NAME, CATALOG
 from schemas.records import EventKind
@@ -21,7 +21,7 @@ from schemas.records import EventKind
 NVML_METRICS = {m.id for m in CATALOG if m.nvml is not None}
 
 
-def col(g, name: str) -> int:  # type: ignore[no-untyped-def]
+def col(g: Gathered, name: str) -> int:
     return list(g.metric_ids).index(BY_NAME["fleetpulse_gpu_" + name].id)
 
 

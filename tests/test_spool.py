@@ -15,7 +15,7 @@ def _values(spool: Spool, n: int = 10_000) -> list[bytes]:
 
 
 def _drain(spool: Spool) -> list[bytes]:
-    out = []
+    out: list[bytes] = []
     while True:
         batch = spool.read(7)
         if not batch:
