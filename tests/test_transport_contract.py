@@ -537,7 +537,8 @@ async def test_broker_restart_while_producing_loses_no_acked_record(
         with pytest.raises(TransportError) as info:
             await asyncio.wait_for(t.send_and_wait(topic, b"probe", key=b"probe"), timeout=30)
         assert info.value.retriable, "the agent spools only on retriable errors"
-        assert time.monotonic() - probe_started < 2.0 + 1.0
+        # request_timeout_ms (2 s) plus slack for a loaded 2-core machine
+        assert time.monotonic() - probe_started < 2.0 + 2.0
         phase("probe send failed")
         await asyncio.to_thread(broker.start)
         phase("broker started")
