@@ -86,7 +86,7 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path) -> None:
 def test_retention_deletes_whole_segments_and_compaction_keeps_data(tmp_path: Path) -> None:
     ids = np.array([5, 6, 7], np.int64)
     ts, vals = _group(0, 3 * 3600, 3, 2)  # three raw segments of one hour
-    with _store(tmp_path) as st:
+    with _store(tmp_path, auto_maintain=False) as st:
         for a in range(0, ts.size, 100):  # flush often: many partial records
             st.append("raw", ids, ts[a:a + 100], vals[a:a + 100])
             st.flush()
@@ -223,3 +223,47 @@ def test_series_ids_in_records_round_trip_compactly(ids: np.ndarray) -> None:
     back, end = decode_ids(form, ids.size, b"xx" + raw, 2)
     assert back.tolist() == ids.tolist() and end == len(raw) + 2
     assert len(raw) <= 8 * ids.size + 8
+
+
+def test_flush_maintains_by_event_time_and_reopen_uses_saved_index(tmp_path: Path) -> None:
+    ids = np.arange(40, 48, dtype=np.int64)
+    ts, vals = _group(0, 6 * 3600, 8, 6)  # six hours: raw retention is four
+    with _store(tmp_path) as st:
+        for a in range(0, ts.size, 300):
+            st.append("raw", ids, ts[a:a + 300], vals[a:a + 300])
+            st.flush()  # flush also compacts finished hours and drops expired ones
+        segs = sorted(p.name for p in (tmp_path / "raw").glob("*.fps"))
+        assert len(segs) == 5  # hour 0 is past retention at 6 h
+        idx = sorted((tmp_path / "raw").glob("*.idx"))
+        assert len(idx) == 4  # every finished hour; the current one is still written
+        live = st.read("raw", ids, 0, 7 * H)
+    with _store(tmp_path) as st:
+        again = st.read("raw", ids, 0, 7 * H)
+        assert np.array_equal(again.ts, live.ts)
+        assert np.array_equal(_bits(again.values), _bits(live.values))
+        assert again.counts.tolist() == [5 * 3600] * 8
+    # a damaged index is ignored (the segment is scanned instead), never trusted
+    victim = idx[0]
+    victim.write_bytes(victim.read_bytes()[:-1] + b"\x00")
+    with _store(tmp_path) as st:
+        r = st.read("raw", ids, 0, 7 * H)
+        assert np.array_equal(_bits(r.values), _bits(live.values))
+
+
+def test_saved_index_describes_the_segment_exactly(tmp_path: Path) -> None:
+    from aggregator.store.index import load_index
+    from aggregator.store.segment import scan_segment
+
+    ids = np.arange(3, dtype=np.int64)
+    ts, vals = _group(0, 2 * 3600, 3, 8)
+    with _store(tmp_path) as st:
+        st.append("raw", ids, ts, vals)
+        st.flush()
+    seg = tmp_path / "raw" / "seg+00000000000000000000.fps"
+    saved = load_index(seg.with_suffix(".idx"), seg.stat().st_size)
+    assert saved is not None
+    _, _, scanned = scan_segment(seg, truncate=False)
+    assert [(s[0].tolist(), s[1], s[2], s[3], s[4], s[5], s[6]) for s in saved] == [
+        (r.series_ids.tolist(), r.kind, r.t_min, r.t_max, r.chunk_key, r.offset, r.length)
+        for r in scanned]
+    assert load_index(seg.with_suffix(".idx"), seg.stat().st_size + 1) is None

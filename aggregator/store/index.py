@@ -6,12 +6,17 @@ thousands of records per segment, each of a group of hundreds of series. So seri
 array, numbered in order of first sight), and a segment only lists, per record, its group
 number and time range in growable numpy columns (:class:`RecordIndex`). A read looks up
 its series' groups with one ``searchsorted`` and filters the records with one vectorised
-mask per segment.
+mask per segment. A finished (compacted) segment also gets its index saved beside it
+(``.idx``), so reopening a large store reads indexes instead of every record.
 """
 
 from __future__ import annotations
 
+import os
+import struct
+import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -110,3 +115,69 @@ class RecordIndex:
                     or (int(g[r]), self.chunk_key[r]) not in self.sealed]
             rows = np.asarray(keep, dtype=np.int64)
         return rows
+
+
+_IDX_MAGIC = b"FPIDX001"
+_IDX_HEAD = struct.Struct("<8sQII")
+
+
+def save_index(path: Path, segment_size: int, records: RecordIndex,
+               groups: GroupRegistry) -> None:
+    """Write a finished segment's record index beside it (tmp, fsync, rename).
+
+    Layout (little-endian): b"FPIDX001" | u64 segment size | u32 records | u32 groups |
+    per group: u32 k, i64 ids[k] | u32 local group[records] | u8 kind[records] |
+    i64 t_min, t_max, chunk_key, offset, length [records each] | u32 crc32 of all before.
+    Opening trusts it only when the segment still has exactly ``segment size`` bytes.
+    """
+    n = records.n
+    gids = records.gid[:n]
+    uniq, local = np.unique(gids, return_inverse=True)
+    parts = [_IDX_HEAD.pack(_IDX_MAGIC, segment_size, n, uniq.size)]
+    for g in uniq.tolist():
+        ids = groups.ids[g]
+        parts.append(struct.pack("<I", ids.size) + ids.astype("<i8").tobytes())
+    parts.append(local.astype("<u4").tobytes())
+    parts.append(np.asarray(records.kind, dtype=np.uint8).tobytes())
+    for col in (records.t_min[:n], records.t_max[:n], records.chunk_key, records.offset,
+                records.length):
+        parts.append(np.asarray(col, dtype="<i8").tobytes())
+    body = b"".join(parts)
+    tmp = path.with_suffix(".idx.tmp")
+    with open(tmp, "wb") as f:
+        f.write(body + struct.pack("<I", zlib.crc32(body)))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_index(path: Path, segment_size: int) -> list[tuple[I64, int, int, int, int, int, int]] | None:
+    """Records of a saved index as (ids, kind, t_min, t_max, chunk_key, offset, length), or
+    None when the file is missing, damaged, or the segment changed since it was written."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    if len(raw) < _IDX_HEAD.size + 4 or zlib.crc32(raw[:-4]) != struct.unpack("<I", raw[-4:])[0]:
+        return None
+    magic, size, n, n_groups = _IDX_HEAD.unpack_from(raw, 0)
+    if magic != _IDX_MAGIC or size != segment_size:
+        return None
+    pos = _IDX_HEAD.size
+    group_ids = []
+    for _ in range(n_groups):
+        (k,) = struct.unpack_from("<I", raw, pos)
+        group_ids.append(np.frombuffer(raw, "<i8", k, pos + 4).astype(np.int64))
+        pos += 4 + 8 * k
+    local = np.frombuffer(raw, "<u4", n, pos)
+    pos += 4 * n
+    kind = np.frombuffer(raw, np.uint8, n, pos)
+    pos += n
+    cols = []
+    for _ in range(5):
+        cols.append(np.frombuffer(raw, "<i8", n, pos).tolist())
+        pos += 8 * n
+    if pos != len(raw) - 4:
+        return None
+    return [(group_ids[int(local[i])], int(kind[i]), cols[0][i], cols[1][i], cols[2][i],
+             cols[3][i], cols[4][i]) for i in range(n)]

@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from aggregator.store import codec
 from aggregator.store.downsample import REDUCERS, reduce_buckets
-from aggregator.store.index import GroupRegistry, RecordIndex
+from aggregator.store.index import GroupRegistry, RecordIndex, load_index, save_index
 from aggregator.store.segment import (
     FILE_HEADER,
     KIND_PARTIAL,
@@ -102,6 +102,11 @@ class StoreConfig:
     """Samples per sealed chunk (per group); larger compresses better, reads coarser."""
     fsync: bool = True
     """fsync on flush(); turn off only for throwaway benchmarks."""
+    auto_maintain: bool = True
+    """Let flush() run maintain() whenever a tier's newest sample enters a new segment:
+    compaction of finished segments and retention, both by event time."""
+    grace_ms: int = 120_000
+    """How long after its end a segment still expects late samples before it is compacted."""
 
     def validate(self) -> None:
         if not self.tiers:
@@ -111,6 +116,8 @@ class StoreConfig:
             raise StoreError(f"store.tiers: duplicate tier names {names}")
         for t in self.tiers:
             t.validate()
+        if self.grace_ms < 0:
+            raise StoreError("store.grace_ms must not be negative")
         if not 2 <= self.chunk_samples <= 65_536:
             raise StoreError(f"store.chunk_samples must be in [2, 65536], not {self.chunk_samples}")
 
@@ -147,6 +154,8 @@ class _Segment:
     size: int = 0
     write_fd: int = -1
     dirty: bool = False
+    indexed: bool = False
+    """Its saved ``.idx`` matches the file (set by compaction, cleared by any write)."""
 
     @property
     def end_ms(self) -> int:
@@ -190,6 +199,9 @@ class SeriesStore:
         self._groups: dict[str, GroupRegistry] = {t.name: GroupRegistry() for t in config.tiers}
         self._head: dict[str, dict[int, _HeadGroup]] = {t.name: {} for t in config.tiers}
         self._dirty_dirs: set[Path] = set()
+        self._newest: dict[str, int] = {}
+        """Per tier, the newest timestamp appended since open: the clock of maintain()."""
+        self._maintained: dict[str, int] = {}
         self.truncated_bytes = 0
         """Bytes of torn tails cut off while opening (0 after a clean shutdown)."""
         for spec in config.tiers:
@@ -201,7 +213,11 @@ class SeriesStore:
         tdir = self.root / spec.name
         tdir.mkdir(exist_ok=True)
         segs: dict[int, _Segment] = {}
+        groups = self._groups[spec.name]
         for entry in sorted(tdir.iterdir()):
+            if entry.name.endswith(".tmp"):  # a compaction cut short: the original stands
+                entry.unlink()
+                continue
             start = parse_segment_name(entry.name)
             if start is None:
                 continue
@@ -210,18 +226,26 @@ class SeriesStore:
                 entry.unlink()  # torn while being created: it never held a record
                 self._dirty_dirs.add(tdir)
                 continue
-            try:
-                s0, span, records = scan_segment(entry)
-            except SegmentError as exc:
-                raise StoreError(str(exc)) from exc
-            seg = _Segment(entry, s0, span)
-            groups = self._groups[spec.name]
-            for r in records:
-                seg.records.add(groups.gid(r.series_ids), r.t_min, r.t_max, r.kind,
-                                r.chunk_key, r.offset, r.length)
+            seg = _Segment(entry, start, spec.segment_ms)
+            saved = load_index(_index_path(entry), size_before)
+            seg.indexed = saved is not None
+            if saved is not None:
+                for ids, kind, t_min, t_max, chunk_key, offset, length in saved:
+                    seg.records.add(groups.gid(ids), t_min, t_max, kind, chunk_key, offset,
+                                    length)
+            else:
+                _index_path(entry).unlink(missing_ok=True)
+                try:
+                    s0, span, records = scan_segment(entry)
+                except SegmentError as exc:
+                    raise StoreError(str(exc)) from exc
+                seg.start_ms, seg.span_ms = s0, span
+                for r in records:
+                    seg.records.add(groups.gid(r.series_ids), r.t_min, r.t_max, r.kind,
+                                    r.chunk_key, r.offset, r.length)
             seg.size = entry.stat().st_size
             self.truncated_bytes += size_before - seg.size
-            segs[s0] = seg
+            segs[seg.start_ms] = seg
         self._segments[spec.name] = segs
 
     def _spec(self, tier: str) -> TierSpec:
@@ -260,6 +284,9 @@ class SeriesStore:
             group = _HeadGroup(gid, self._groups[tier].ids[gid], np.empty(cap, np.int64),
                                np.empty((cap, ids.size)))
             head[gid] = group
+        newest = int(t.max())
+        if newest > self._newest.get(tier, newest - 1):
+            self._newest[tier] = newest
         seg_of = np.floor_divide(t, spec.segment_ms) * spec.segment_ms
         cuts = np.flatnonzero(np.diff(seg_of)) + 1
         bounds = [0, *cuts.tolist(), t.size]
@@ -295,6 +322,7 @@ class SeriesStore:
         os.write(seg.write_fd, rec)
         seg.size += len(rec)
         seg.dirty = True
+        seg.indexed = False
         seg.records.add(group.gid, int(ts.min()), int(ts.max()), kind, int(group.ts[0]), offset,
                         len(rec))
 
@@ -313,8 +341,26 @@ class SeriesStore:
         return seg
 
     def flush(self) -> None:
-        """Make every sample appended so far durable; returns after the fsyncs."""
+        """Make every sample appended so far durable; returns after the fsyncs.
+
+        With ``auto_maintain`` it then compacts and applies retention to any tier whose
+        newest sample has entered a new segment since the last time (a few times a day
+        per tier, each finished segment rewritten once).
+        """
         self._check_open()
+        self._flush_data()
+        if self.config.auto_maintain:
+            for tier, spec in self.tiers.items():
+                newest = self._newest.get(tier)
+                if newest is None:
+                    continue
+                epoch = (newest - self.config.grace_ms) // spec.segment_ms
+                if self._maintained.get(tier) != epoch:
+                    self._maintained[tier] = epoch
+                    self._compact_tier(tier, newest - self.config.grace_ms)
+                    self._retain_tier(tier, newest)
+
+    def _flush_data(self) -> None:
         for tier, head in self._head.items():
             spec = self.tiers[tier]
             for group in head.values():
@@ -406,24 +452,43 @@ class SeriesStore:
             total += cols.size
         return total
 
+    def maintain(self, now_ms: int | None = None) -> tuple[int, int]:
+        """Compact finished segments and apply retention in every tier.
+
+        ``now_ms`` defaults to each tier's newest appended timestamp (event time, so a
+        replay of old data is not deleted on arrival). Returns (rewritten, deleted).
+        """
+        self._check_open()
+        rewritten = deleted = 0
+        for tier in self.tiers:
+            now = self._newest.get(tier) if now_ms is None else now_ms
+            if now is not None:
+                rewritten += self._compact_tier(tier, now - self.config.grace_ms)
+                deleted += self._retain_tier(tier, now)
+        return rewritten, deleted
+
     def enforce_retention(self, now_ms: int) -> int:
         """Delete every segment whose whole span is past its tier's retention; returns count."""
         self._check_open()
+        return sum(self._retain_tier(tier, now_ms) for tier in self.tiers)
+
+    def _retain_tier(self, tier: str, now_ms: int) -> int:
+        spec = self.tiers[tier]
+        if spec.retention_ms <= 0:
+            return 0
+        horizon = now_ms - spec.retention_ms
+        segs = self._segments[tier]
         deleted = 0
-        for tier, spec in self.tiers.items():
-            if spec.retention_ms <= 0:
-                continue
-            horizon = now_ms - spec.retention_ms
-            segs = self._segments[tier]
-            for start in [s for s, seg in segs.items() if seg.end_ms <= horizon]:
-                seg = segs.pop(start)
-                seg.close_writer()
-                seg.path.unlink(missing_ok=True)
-                self._dirty_dirs.add(seg.path.parent)
-                deleted += 1
-            for g in self._head[tier].values():
-                if g.n and g.seg_start + spec.segment_ms <= horizon:
-                    g.n = g.flushed = 0
+        for start in [s for s, seg in segs.items() if seg.end_ms <= horizon]:
+            seg = segs.pop(start)
+            seg.close_writer()
+            seg.path.unlink(missing_ok=True)
+            _index_path(seg.path).unlink(missing_ok=True)
+            self._dirty_dirs.add(seg.path.parent)
+            deleted += 1
+        for g in self._head[tier].values():
+            if g.n and g.seg_start + spec.segment_ms <= horizon:
+                g.n = g.flushed = 0
         if deleted and self.config.fsync:
             for d in self._dirty_dirs:
                 fsync_dir(d)
@@ -431,23 +496,31 @@ class SeriesStore:
         return deleted
 
     def compact(self, now_ms: int) -> int:
-        """Seal chunks of ended segments and rewrite those segments without superseded
-        partial records (atomic rename). Returns the number of segments rewritten."""
+        """Seal chunks of segments that ended by ``now_ms``, rewrite those segments without
+        superseded partial records (atomic rename) and save their index. Returns the
+        number of segments rewritten."""
         self._check_open()
+        return sum(self._compact_tier(tier, now_ms) for tier in self.tiers)
+
+    def _compact_tier(self, tier: str, now_ms: int) -> int:
+        spec = self.tiers[tier]
+        for g in self._head[tier].values():
+            if g.n and g.seg_start + spec.segment_ms <= now_ms:
+                self._seal(tier, spec, g)
+        self._flush_data()
         rewritten = 0
-        for tier, spec in self.tiers.items():
-            for g in self._head[tier].values():
-                if g.n and g.seg_start + spec.segment_ms <= now_ms:
-                    self._seal(tier, spec, g)
-            self.flush()
-            for seg in list(self._segments[tier].values()):
-                if seg.end_ms > now_ms or KIND_PARTIAL not in seg.records.kind:
-                    continue
-                self._rewrite(seg)
+        for seg in list(self._segments[tier].values()):
+            if seg.end_ms > now_ms or seg.indexed:
+                continue
+            if KIND_PARTIAL in seg.records.kind:
+                self._rewrite(tier, seg)
                 rewritten += 1
+            else:
+                save_index(_index_path(seg.path), seg.size, seg.records, self._groups[tier])
+            seg.indexed = True
         return rewritten
 
-    def _rewrite(self, seg: _Segment) -> None:
+    def _rewrite(self, tier: str, seg: _Segment) -> None:
         recs = seg.records
         sealed = {(int(recs.gid[i]), recs.chunk_key[i])
                   for i in range(recs.n) if recs.kind[i] == KIND_SEALED}
@@ -472,6 +545,7 @@ class SeriesStore:
         fsync_dir(seg.path.parent)
         seg.records = new
         seg.size = offset
+        save_index(_index_path(seg.path), offset, new, self._groups[tier])
 
     def disk_bytes(self, tier: str | None = None) -> int:
         """Bytes of segment files (all tiers, or one)."""
@@ -485,7 +559,7 @@ class SeriesStore:
         for tier, head in self._head.items():
             for g in head.values():
                 self._seal(tier, self.tiers[tier], g)
-        self.flush()
+        self._flush_data()
         for segs in self._segments.values():
             for seg in segs.values():
                 seg.close_writer()
@@ -501,6 +575,10 @@ class SeriesStore:
     def _check_open(self) -> None:
         if getattr(self, "_closed", False):
             raise StoreError("the store is closed")
+
+
+def _index_path(segment: Path) -> Path:
+    return segment.with_suffix(".idx")
 
 
 class _Pieces:
