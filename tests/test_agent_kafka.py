@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import re
 import signal
 import subprocess
@@ -174,3 +175,57 @@ def test_outage_and_kill9_every_agent_seq_exactly_once_in_order(
     stops = [e for e in events if e.kind is EventKind.AGENT_STOP]
     assert [e.agent for e in stops] == [b], "only the SIGTERMed incarnation says goodbye"
     assert stops[0].data["frames_built"] == len(by_agent[b]), "nothing the new agent built is lost"
+
+
+def test_slow_broker_spools_and_replays_without_gaps(
+        kafka_broker_factory: Callable[[], object], unique_prefix: str, tmp_path: Path) -> None:
+    """A broker that hangs (SIGSTOP: connections open, no answers) is a slow broker: sends
+    time out, frames go to the spool, and are replayed when it answers again.
+
+    A frame the frozen broker had already received is written when it resumes *and* replayed
+    from the spool (its ack never came): delivery is at-least-once, and the consumer's
+    de-duplication by (agent, seq) must then see every frame, in order of first appearance.
+    """
+    broker = kafka_broker_factory()
+    bootstrap = broker.bootstrap  # type: ignore[attr-defined]
+    pid = int((broker.state_dir / "broker.pid").read_text().strip())  # type: ignore[attr-defined]
+    env = agent_env(
+        tmp_path,
+        FLEETPULSE_AGENT_TRANSPORT__BOOTSTRAP=bootstrap,
+        FLEETPULSE_AGENT_TRANSPORT__TOPIC_PREFIX=unique_prefix,
+        FLEETPULSE_AGENT_TRANSPORT__REQUEST_TIMEOUT_MS="2000",
+        FLEETPULSE_AGENT_PUBLISH__ACK_TIMEOUT_S="3",
+        FLEETPULSE_AGENT_PUBLISH__RETRY_MAX_S="1",
+        FLEETPULSE_AGENT_PUBLISH__CREATE_TOPICS="1",
+        FLEETPULSE_AGENT_SAMPLING__INTERVAL_S=str(INTERVAL_S),
+        FLEETPULSE_AGENT_SAMPLING__TICKS_PER_FRAME=str(TICKS_PER_FRAME),
+    )
+    agent = AgentProcess(env, tmp_path / "agent.log")
+    try:
+        agent.wait_started()
+        time.sleep(3)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(10)
+            assert agent.metric('fleetpulse_agent_spooling{stream="samples"}') == 1
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        agent.wait_drained(90)
+        assert agent.stop() == 0, agent.log.read_text()
+    finally:
+        agent.stop(signal.SIGKILL)
+    records = asyncio.run(_consume(bootstrap, Topics(unique_prefix).samples))
+    seqs = [decode_frame(v).seq for _, v in records]
+    first_seen: list[int] = []
+    seen: set[int] = set()
+    for s in seqs:
+        if s not in seen:
+            seen.add(s)
+            first_seen.append(s)
+    assert first_seen == list(range(len(first_seen))), "no gap, in order of first appearance"
+    events = [EventRecord.from_bytes(v) for _, v in
+              asyncio.run(_consume(bootstrap, Topics(unique_prefix).events))]
+    stop = next(e for e in events if e.kind is EventKind.AGENT_STOP)
+    assert len(first_seen) == stop.data["frames_built"], "every frame built reached the broker"
+    print(f"slow broker: {len(seqs)} records for {len(first_seen)} frames "
+          f"({len(seqs) - len(first_seen)} duplicates from lost acks)")
