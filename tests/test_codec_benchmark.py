@@ -29,7 +29,7 @@ def test_benchmark_reports_lossless_results_for_every_dataset(
     last = capsys.readouterr().out.strip().splitlines()[-1]
     summary = orjson.loads(last)
     assert summary["lossless"] is True
-    assert set(summary["datasets"]) == {"fleet", "dcgm", "mine"}
+    assert set(summary["datasets"]) == {"fleet", "fleet-varying", "dcgm", "mine"}
     for name, r in orjson.loads(out.read_bytes())["datasets"].items():
         assert r["lossless"], name
         assert 0 < r["bytes_per_sample"] < r["gorilla_bytes_per_sample"], name
