@@ -330,6 +330,7 @@ class Publisher:
                     self.mode = Mode.DIRECT
                     log.info("spool drained; publishing directly again")
                     continue
+                spool.maybe_sync()
                 self._wake_replay.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(0.2):
@@ -341,6 +342,7 @@ class Publisher:
                 delay = self.retry_initial_s
             else:
                 spool.rewind()
+                spool.maybe_sync()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry_max_s)
 

@@ -308,10 +308,12 @@ class Spool:
         self.stats.pending_frames += 1
         self.stats.pending_bytes += size
         self._dirty = True
-        self._maybe_sync()
+        self.maybe_sync()
         return True
 
-    def _maybe_sync(self) -> None:
+    def maybe_sync(self) -> None:
+        """fsync written bytes if the policy says it is time (also called while idle, so
+        the last records before a quiet spell do not wait for the next append)."""
         if self.fsync is FsyncPolicy.NEVER or not self._dirty or self._wfd < 0:
             return
         now = time.monotonic()
