@@ -37,6 +37,7 @@ STOP_GRACE=30
 # transport's SASL options are exercised against a real broker. Never a production secret.
 SASL_USER=fleet
 SASL_PASSWORD=fleet-secret
+TLS_PASSWORD=fleetpulse-test
 
 die() { echo "kafka.sh: $*" >&2; exit 1; }
 say() { echo "kafka.sh: $*" >&2; }
@@ -169,14 +170,58 @@ fetch_jars() {
     exec 9>&-
 }
 
+# A test CA and a broker certificate for 127.0.0.1, made once per cache with the JDK's
+# keytool (no openssl needed): the TLS listener lets tests check the transport's SSL
+# settings against a real broker. Clients trust $CACHE/tls/ca.pem.
+tls_material() {
+    local tls="$CACHE/tls"
+    [[ -f "$tls/broker.p12" && -f "$tls/ca.pem" ]] && return 0
+    command -v keytool >/dev/null || die "keytool (part of the JDK) not found"
+    mkdir -p "$CACHE"
+    exec 8>"$CACHE/.tls.lock"
+    flock 8
+    if [[ ! -f "$tls/broker.p12" || ! -f "$tls/ca.pem" ]]; then
+        local tmp="$CACHE/tls.tmp.$$" pw="$TLS_PASSWORD"
+        # keytool is a JVM per call; start each one the quick way.
+        keytool() { command keytool -J-XX:TieredStopAtLevel=1 -J-XX:+UseSerialGC "$@"; }
+        rm -rf "$tmp"
+        mkdir -p "$tmp"
+        say "making a test CA and broker certificate in $tls ..."
+        {
+            keytool -genkeypair -alias ca -keyalg EC -groupname secp256r1 -validity 3650 \
+                -dname "CN=fleetpulse test CA" -ext bc:c=ca:true -storetype PKCS12 \
+                -keystore "$tmp/ca.p12" -storepass "$pw" -keypass "$pw"
+            keytool -exportcert -rfc -alias ca -keystore "$tmp/ca.p12" -storepass "$pw" \
+                -file "$tmp/ca.pem"
+            keytool -genkeypair -alias broker -keyalg EC -groupname secp256r1 -validity 3650 \
+                -dname "CN=127.0.0.1" -storetype PKCS12 \
+                -keystore "$tmp/broker.p12" -storepass "$pw" -keypass "$pw"
+            keytool -certreq -alias broker -keystore "$tmp/broker.p12" -storepass "$pw" \
+                -file "$tmp/broker.csr"
+            keytool -gencert -alias ca -keystore "$tmp/ca.p12" -storepass "$pw" -validity 3650 \
+                -ext "SAN=IP:127.0.0.1,DNS:localhost" -rfc \
+                -infile "$tmp/broker.csr" -outfile "$tmp/broker.pem"
+            keytool -importcert -noprompt -alias ca -file "$tmp/ca.pem" \
+                -keystore "$tmp/broker.p12" -storepass "$pw"
+            keytool -importcert -alias broker -file "$tmp/broker.pem" \
+                -keystore "$tmp/broker.p12" -storepass "$pw"
+        } > "$tmp/keytool.log" 2>&1 || { cat "$tmp/keytool.log" >&2; die "keytool failed"; }
+        rm -f "$tmp/ca.p12" "$tmp/broker.csr"  # the CA key is not needed any more
+        rm -rf "$tls"
+        mv "$tmp" "$tls"
+    fi
+    flock -u 8
+    exec 8>&-
+}
+
 # First start of DIR: choose ports, write server.properties, format KRaft storage.
 init_dir() {
     if [[ ! -f "$PROPS" ]]; then
-        local port sport cport
-        # One python call picks three distinct free ports (plain, SASL, controller).
-        read -r port sport cport < <(python3 -c '
+        local port sport tport cport
+        # One python call picks distinct free ports (plain, SASL, TLS, controller).
+        read -r port sport tport cport < <(python3 -c '
 import socket
-socks = [socket.socket() for _ in range(3)]
+socks = [socket.socket() for _ in range(4)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in socks))
@@ -184,10 +229,11 @@ for s in socks:
     s.close()')
         [[ -n "$cport" ]] || die "could not pick free ports"
         sed -e "s#@PORT@#$port#g" -e "s#@SPORT@#$sport#g" -e "s#@CPORT@#$cport#g" \
+            -e "s#@TPORT@#$tport#g" -e "s#@TLS@#$CACHE/tls#g" -e "s#@TLSPASS@#$TLS_PASSWORD#g" \
             -e "s#@DATA@#$DIR/data#g" "$HERE/kafka/server.properties.in" > "$PROPS.tmp"
         # Our own bookkeeping, as comments (Kafka warns about unknown keys).
-        printf '#fleetpulse.port=%s\n#fleetpulse.sasl_port=%s\n#fleetpulse.version=%s\n' \
-            "$port" "$sport" "$KAFKA_VERSION" >> "$PROPS.tmp"
+        printf '#fleetpulse.%s\n' "port=$port" "sasl_port=$sport" "tls_port=$tport" \
+            "version=$KAFKA_VERSION" >> "$PROPS.tmp"
         mv "$PROPS.tmp" "$PROPS"
     fi
     if [[ ! -f "$DIR/data/meta.properties" ]]; then
@@ -248,12 +294,14 @@ cmd_start() {
     fi
     check_tools
     fetch_jars
+    tls_material
     init_dir
-    local port sport cport
+    local port sport tport cport
     port="$(broker_port)"
     sport="$(sed -n 's/^#fleetpulse.sasl_port=//p' "$PROPS")"
+    tport="$(sed -n 's/^#fleetpulse.tls_port=//p' "$PROPS")"
     cport="$(sed -n 's/^controller.quorum.voters=1@127.0.0.1://p' "$PROPS")"
-    for p in "$port" $sport "$cport"; do
+    for p in "$port" $sport $tport "$cport"; do
         if port_open "$p"; then
             die "port $p of $DIR is taken by another process; cannot restart this broker"
         fi
@@ -293,9 +341,12 @@ cmd_start() {
     done
     local ms=$(( ($(date +%s%N) - t0_ns) / 1000000 ))
     say "Kafka $KAFKA_VERSION started in $((ms / 1000)).$(printf '%03d' $((ms % 1000)))s (pid $pid, dir $DIR)"
-    # For tools and tests: the plain address, and the SASL_PLAINTEXT one (user $SASL_USER).
+    # For tools and tests: the plain address, the SASL_PLAINTEXT one (user $SASL_USER) and
+    # the TLS one (server certificate signed by the CA in $DIR/ca.pem).
     echo "127.0.0.1:$port" > "$DIR/bootstrap"
     echo "127.0.0.1:$sport" > "$DIR/sasl_bootstrap"
+    echo "127.0.0.1:$tport" > "$DIR/tls_bootstrap"
+    cp "$CACHE/tls/ca.pem" "$DIR/ca.pem"
     echo "127.0.0.1:$port"
 }
 

@@ -56,6 +56,8 @@ KAFKA_START_S=$((SECONDS - T_KAFKA))
 export FLEETPULSE_KAFKA_BOOTSTRAP="$BOOTSTRAP"
 export FLEETPULSE_KAFKA_LOG="$KAFKA_DIR/server.log"
 export FLEETPULSE_KAFKA_SASL_BOOTSTRAP="$(cat "$KAFKA_DIR/sasl_bootstrap")"
+export FLEETPULSE_KAFKA_TLS_BOOTSTRAP="$(cat "$KAFKA_DIR/tls_bootstrap")"
+export FLEETPULSE_KAFKA_TLS_CAFILE="$KAFKA_DIR/ca.pem"
 echo "Kafka at $BOOTSTRAP (started in ${KAFKA_START_S}s)"
 
 # ------------------------------------------------------------------ checks

@@ -45,8 +45,12 @@ def _session_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
     if given:
         if not reachable(given):
             _no_broker(f"FLEETPULSE_KAFKA_BOOTSTRAP={given} does not accept connections")
-        sasl = os.environ.get("FLEETPULSE_KAFKA_SASL_BOOTSTRAP", "").strip()
-        yield {"plain": given, "sasl": sasl}
+        yield {
+            "plain": given,
+            "sasl": os.environ.get("FLEETPULSE_KAFKA_SASL_BOOTSTRAP", "").strip(),
+            "tls": os.environ.get("FLEETPULSE_KAFKA_TLS_BOOTSTRAP", "").strip(),
+            "tls_ca": os.environ.get("FLEETPULSE_KAFKA_TLS_CAFILE", "").strip(),
+        }
         return
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka-session"))
     try:
@@ -55,7 +59,12 @@ def _session_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
         _no_broker(f"scripts/kafka.sh could not start one: {exc}")
     _SESSION_LOGS.append(broker.log_path)
     try:
-        yield {"plain": broker.bootstrap, "sasl": broker.sasl_bootstrap}
+        yield {
+            "plain": broker.bootstrap,
+            "sasl": broker.sasl_bootstrap,
+            "tls": broker.tls_bootstrap,
+            "tls_ca": broker.tls_cafile,
+        }
     finally:
         broker.stop()
 
@@ -72,6 +81,14 @@ def kafka_sasl_bootstrap(_session_broker: dict[str, str]) -> str:
     if not _session_broker["sasl"]:
         _no_broker("FLEETPULSE_KAFKA_SASL_BOOTSTRAP is not set for the given broker")
     return _session_broker["sasl"]
+
+
+@pytest.fixture(scope="session")
+def kafka_tls(_session_broker: dict[str, str]) -> tuple[str, str]:
+    """(address of the session broker's TLS listener, CA file that signed its certificate)."""
+    if not (_session_broker["tls"] and _session_broker["tls_ca"]):
+        _no_broker("FLEETPULSE_KAFKA_TLS_BOOTSTRAP/_TLS_CAFILE are not set for the given broker")
+    return _session_broker["tls"], _session_broker["tls_ca"]
 
 
 @pytest.fixture
@@ -121,6 +138,7 @@ def _uses_kafka(item: pytest.Item) -> bool:
         item.get_closest_marker("kafka") is not None
         or "kafka_bootstrap" in names
         or "kafka_sasl_bootstrap" in names
+        or "kafka_tls" in names
         or "kafka_broker_factory" in names
     )
 

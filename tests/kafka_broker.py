@@ -38,6 +38,15 @@ class KafkaBroker:
         return (self.state_dir / "sasl_bootstrap").read_text().strip()
 
     @property
+    def tls_bootstrap(self) -> str:
+        """Address of the TLS listener; its certificate is signed by :attr:`tls_cafile`."""
+        return (self.state_dir / "tls_bootstrap").read_text().strip()
+
+    @property
+    def tls_cafile(self) -> str:
+        return str(self.state_dir / "ca.pem")
+
+    @property
     def log_path(self) -> Path:
         return self.state_dir / "server.log"
 

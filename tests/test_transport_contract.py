@@ -487,6 +487,35 @@ async def test_sasl_settings_reach_the_broker(
 
 
 @pytest.mark.kafka
+async def test_ssl_settings_reach_the_broker(kafka_tls: tuple[str, str], unique_prefix: str) -> None:
+    bootstrap, cafile = kafka_tls
+    cfg = TransportConfig(
+        bootstrap=bootstrap,
+        client_id=unique_prefix,
+        security_protocol="SSL",
+        ssl_cafile=cafile,
+        request_timeout_ms=5000,
+    )
+    topic = f"{unique_prefix}.tls"
+    t = open_transport(cfg)
+    await t.start()
+    try:
+        await t.ensure_topics({topic: 1})
+        meta = await t.send_and_wait(topic, b"encrypted")
+        c = t.consumer([topic], f"{unique_prefix}.g")
+        (got,) = await read_until(c, lambda ms: len(ms) >= 1)
+        assert (got.offset, got.value) == (meta.offset, b"encrypted")
+    finally:
+        await t.close()
+
+    # Without the test CA the broker's certificate is not trusted: no connection.
+    untrusted = open_transport(replace(cfg, ssl_cafile=""))
+    with pytest.raises(TransportError):
+        await untrusted.start()
+    await untrusted.close()
+
+
+@pytest.mark.kafka
 async def test_broker_restart_while_producing_loses_no_acked_record(
     kafka_broker_factory: Callable[[], KafkaBroker], unique_prefix: str
 ) -> None:
