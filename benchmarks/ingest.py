@@ -511,6 +511,8 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
     cpu0["fleet"] = 0.0
     last_cpu: dict[str, float] = dict(cpu0)
     last_broker = broker0
+    cpu_series: dict[str, Series] = {n: Series() for n in procs}
+    cpu_series["broker"] = Series()
     t_end: float | None = None
     drained_at: float | None = None
     deadline_drain = float("inf")
@@ -525,6 +527,8 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
                 last_cpu[n] = tree_cpu_s(p.pid, kids)
         if broker_pid:
             last_broker = tree_cpu_s(broker_pid, kids)
+        for n, v in (*last_cpu.items(), ("broker", last_broker)):
+            cpu_series.setdefault(n, Series()).add(now, v)
         if args.verbose:
             lags = {g: round(s.v[-1], 1) for g, s in monitor.lag.items() if s.v}
             print(f"t={now:6.1f}s end={monitor.end.v[-1] if monitor.end.v else 0:.0f} "
@@ -542,6 +546,11 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
                 drained_at = now
                 break
             if now >= deadline_drain:
+                break
+            # Event-time stages hold back their commits for windows that only newer data
+            # would close; once nothing moved for 15 s after the load, waiting longer is moot.
+            if now - t_end > 15 and all(s.at(now) == s.at(now - 15)
+                                        for s in monitor.committed.values()):
                 break
         if any(p.returncode is not None for n, p in procs.items() if n != "fleet"):
             dead = [n for n, p in procs.items() if n != "fleet" and p.returncode is not None]
@@ -570,7 +579,7 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
             await asyncio.wait_for(probe_task, 10)
     assert t_end is not None
     return _report(args, stages, monitor, outputs, errs, t_end, drained_at, cpu0, cpu_end,
-                   broker0, broker_end, busy0, busy_end, load0, procs, probe)
+                   broker0, broker_end, busy0, busy_end, load0, procs, probe, cpu_series)
 
 
 def _last_json(lines: list[str]) -> dict[str, Any]:
@@ -588,7 +597,7 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
             broker0: float, broker_end: float, busy0: float, busy_end: float,
             load0: tuple[float, float, float],
             procs: dict[str, asyncio.subprocess.Process],
-            probe: RollupProbe | None) -> dict[str, Any]:
+            probe: RollupProbe | None, cpu_series: dict[str, Series]) -> dict[str, Any]:
     fleet = _last_json(outputs["fleet"])
     if not fleet:
         raise SystemExit("the fleet printed no summary:\n" + "\n".join(errs["fleet"][-30:]))
@@ -600,8 +609,17 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
     warm = monitor.end.first_above(0.0) or 0.0
     if window - warm < 1.0:
         warm = 0.0
-    produced = fleet["metrics"]
-    produced_rate = monitor.end.slope(warm, window) * metrics_per_frame
+    # Rates are measured over the steady part: the last two thirds of the load, after the
+    # stages' own start-up (an event-time stage commits nothing until its first windows
+    # close). Cost per metric = steady CPU rate / steady consumption rate.
+    steady = warm + (window - warm) / 3.0
+    produced_rate = monitor.end.slope(steady, window) * metrics_per_frame
+
+    def cost(name: str, rate: float) -> float | None:
+        series = cpu_series.get(name)
+        if series is None or len(series.t) < 2 or rate <= 0:
+            return None
+        return round(series.slope(steady, window) / (rate / 1e6), 3)
     per_stage: dict[str, dict[str, Any]] = {}
     groups = dict(monitor.committed)
     for st in stages:
@@ -613,19 +631,17 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
                                "cores": round(cpu / window, 3)}
         if group is not None:
             c = groups.pop(group)
-            rate = c.slope(warm, window) * metrics_per_frame
+            rate = c.slope(steady, window) * metrics_per_frame
             lag = monitor.lag[group]
             lag_in = [v for t, v in zip(lag.t, lag.v, strict=True) if t <= window]
-            # A stage that caught up after the load processed everything produced; one that
-            # did not is credited with what it committed by the end of the load.
             caught_up = bool(c.v) and monitor.end.v and c.v[-1] >= monitor.end.v[-1]
-            consumed = produced if caught_up else c.at(window) * metrics_per_frame
             row.update({
                 "metrics_per_s": round(rate, 1),
                 "lag_max_s": round(max(lag_in), 2) if lag_in else None,
                 "lag_final_s": round(lag.at(window), 2),
-                "caught_up": bool(caught_up),
-                "cpu_s_per_million": round(cpu / (consumed / 1e6), 3) if consumed else None,
+                "lag_growth_s": round(lag.at(window) - lag.at(steady), 2),
+                "caught_up_after_load": bool(caught_up),
+                "cpu_s_per_million": cost(st.name, rate),
             })
         said = [float(m.group(1).replace(",", "")) for line in errs.get(st.name, ())
                 if (m := _RATE.search(line))]
@@ -648,14 +664,16 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
     lag_max = [r["lag_max_s"] for r in per_stage.values() if r.get("lag_max_s") is not None]
     lag_final = [r["lag_final_s"] for r in per_stage.values() if r.get("lag_final_s") is not None]
     # Bottleneck: a stage that fell behind, else the one spending the most CPU per metric.
-    behind = {n: r["lag_final_s"] for n, r in per_stage.items()
-              if (r.get("lag_final_s") or 0) > max(5.0, 0.1 * window)}
+    behind = {n: r["lag_growth_s"] for n, r in per_stage.items()
+              if (r.get("lag_growth_s") or 0) > max(5.0, 0.05 * (window - steady))}
+    fleet_cost = cost("fleet", produced_rate)
+    broker_cost = cost("broker", produced_rate)
     if behind:
         bottleneck, why = max(behind, key=lambda n: behind[n]), "lag kept growing"
     else:
         costs = {n: r.get("cpu_s_per_million") or 0 for n, r in per_stage.items()}
-        costs["fleet"] = fleet_cpu / (produced / 1e6) if produced else 0
-        costs["broker"] = broker_cpu / (produced / 1e6) if produced else 0
+        costs["fleet"] = fleet_cost or 0
+        costs["broker"] = broker_cost or 0
         bottleneck = max(costs, key=lambda n: costs[n])
         why = "most CPU per metric (no stage fell behind)"
     decode = per_stage.get("decode", {})
@@ -673,6 +691,7 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
         "target_metrics_per_s": round(args.gpus * args.hz * fleet["metrics_per_gpu"], 1),
         "produced_metrics_per_s": round(produced_rate, 1),
         "load_window_s": round(window - warm, 2),
+        "steady_window_s": round(window - steady, 2),
         "metrics_per_s": round(min(rates), 1) if rates else 0.0,
         "lag_max_s": max(lag_max) if lag_max else None,
         "lag_final_s": max(lag_final) if lag_final else None,
@@ -687,13 +706,12 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
         "bottleneck_reason": why,
         "per_stage": per_stage,
         "fleet": {"cpu_s": round(fleet_cpu, 2), "cores": round(fleet_cpu / window, 3),
-                  "cpu_s_per_million": round(fleet_cpu / (produced / 1e6), 3) if produced else None,
+                  "cpu_s_per_million": fleet_cost,
                   "behind_s_max": fleet.get("behind_s_max"),
                   "ack_ms_p50": fleet.get("ack_ms_p50"), "ack_ms_p99": fleet.get("ack_ms_p99"),
                   "frames": fleet.get("frames"), "frames_lost": fleet.get("frames_lost")},
         "broker": {"cpu_s": round(broker_cpu, 2), "cores": round(broker_cpu / window, 3),
-                   "cpu_s_per_million": round(broker_cpu / (produced / 1e6), 3)
-                   if produced else None},
+                   "cpu_s_per_million": broker_cost},
         "machine": {"cpus": os.cpu_count(), "loadavg_before": [round(x, 2) for x in load0],
                     "other_processes_cores": round(others / window, 3)},
         "lag_series_s": {g: [[round(t, 1), round(v, 2)] for t, v in
