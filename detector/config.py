@@ -42,7 +42,7 @@ class ModelConfig:
     """Seed of the forests' random cuts (each model derives its own)."""
     z: float = 6.0
     """Threshold = running score mean + z * running score std ..."""
-    floor: float = 1.6
+    floor: float = 2.4
     """... but never below this score."""
     horizon: int = 2000
     """Steps of memory of the running score statistics."""
@@ -74,16 +74,16 @@ class RackModelConfig:
     """Event-time window of the rack aggregates."""
     trees: int = 30
     """Trees per rack forest."""
-    sample_size: int = 128
-    """Points kept per tree."""
+    sample_size: int = 64
+    """Points kept per tree (scores start after a quarter of it)."""
     shingle: int = 3
     """Windows per shingled point."""
     z: float = 6.0
     """Threshold z factor (as for GPUs)."""
-    floor: float = 1.6
+    floor: float = 2.0
     """Threshold floor."""
-    warmup: int = 90
-    """Cold start in windows."""
+    warmup: int = 30
+    """Cold start in windows (after the engine's own ``sample_size / 4``)."""
     open_after: int = 2
     """Consecutive anomalous windows that open a rack alert."""
     resolve_after: int = 12
@@ -130,14 +130,26 @@ class RulesConfig:
     """All-NaN steps before a reporting GPU counts as lost."""
     slowdown_open_after: int = 3
     """Steps with a slowdown bit before the slowdown rules fire."""
+    stuck_after_s: float = 60.0
+    """A temperature reading unchanged this long ..."""
+    stuck_power_w: float = 100.0
+    """... while power moved this much (max - min) is a stuck sensor."""
+    burst_per_step: float = 10.0
+    """ECC / link error increase per step that counts towards a burst ..."""
+    burst_steps: int = 3
+    """... for this many consecutive steps."""
     event_hold_s: float = 600.0
     """XID / DBE alerts stay open this long after the last occurrence."""
     state_hold_s: float = 60.0
     """State rules resolve after this long clear."""
 
     def params(self) -> RuleParams:
-        return RuleParams(self.stale_after_s, self.slowdown_open_after, self.lost_open_after,
-                          self.event_hold_s, self.state_hold_s)
+        return RuleParams(
+            stale_after_s=self.stale_after_s, slowdown_open_after=self.slowdown_open_after,
+            stuck_after_s=self.stuck_after_s, stuck_power_w=self.stuck_power_w,
+            burst_per_step=self.burst_per_step, burst_steps=self.burst_steps,
+            lost_open_after=self.lost_open_after, event_hold_s=self.event_hold_s,
+            state_hold_s=self.state_hold_s)
 
     def validate(self) -> None:
         if self.stale_after_s <= 0 or self.lost_open_after < 1 or self.slowdown_open_after < 1:

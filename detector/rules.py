@@ -14,6 +14,11 @@ ecc_dbe            critical  the double-bit ECC counter (volatile or aggregate) 
 row_remap_failure  critical  a row remap failed (the GPU needs service)
 thermal_slowdown   warning   a thermal slowdown clock-event bit (SW 0x20 or HW 0x40) is set
 hw_slowdown        warning   HW slowdown (0x08) or HW power brake (0x80) is set
+temperature_stuck  warning   the die temperature reading has not changed for ``stuck_after_s``
+                             while the power draw moved by ``stuck_power_w`` or more
+ecc_sbe_burst      warning   the corrected ECC counter rose by ``burst_per_step`` or more in
+                             each of ``burst_steps`` consecutive steps
+link_errors        warning   the same for NVLink CRC + replay + recovery and PCIe replays
 gpu_lost           critical  the GPU stopped reporting: every metric NaN, or no sample for
                              ``stale_after_s`` while the rest of its rack reports (fell off the bus)
 =================  ========  ========================================================================
@@ -62,6 +67,14 @@ class RuleParams:
     """Seconds without a sample (while the rack reports) before a GPU counts as lost."""
     slowdown_open_after: int = 3
     """Consecutive steps with a slowdown bit before the slowdown rules fire."""
+    stuck_after_s: float = 60.0
+    """Seconds a temperature reading may stay identical while power moves ..."""
+    stuck_power_w: float = 100.0
+    """... by at least this many watts (max - min) before the sensor counts as stuck."""
+    burst_per_step: float = 10.0
+    """Error counter increase per step that counts towards a burst ..."""
+    burst_steps: int = 3
+    """... for this many consecutive steps (lone errors are routine)."""
     lost_open_after: int = 5
     """Consecutive all-NaN steps before a GPU that still sends frames counts as lost."""
     event_hold_s: float = 600.0
@@ -82,6 +95,14 @@ def rules_for(p: RuleParams) -> tuple[Rule, ...]:
              "fleetpulse_gpu_clock_event_reasons", "clocks slowed down for temperature"),
         Rule("hw_slowdown", Severity.WARNING, p.slowdown_open_after, p.state_hold_s,
              "fleetpulse_gpu_clock_event_reasons", "hardware slowdown / power brake asserted"),
+        Rule("temperature_stuck", Severity.WARNING, 1, p.state_hold_s,
+             "fleetpulse_gpu_temperature_celsius",
+             "temperature reading frozen while the power draw moves (sensor stuck?)"),
+        Rule("ecc_sbe_burst", Severity.WARNING, p.burst_steps, p.event_hold_s,
+             "fleetpulse_gpu_ecc_sbe_volatile_total", "corrected ECC errors in a burst"),
+        Rule("link_errors", Severity.WARNING, p.burst_steps, p.event_hold_s,
+             "fleetpulse_gpu_nvlink_crc_errors_total",
+             "NVLink / PCIe link errors in a burst"),
         Rule("gpu_lost", Severity.CRITICAL, p.lost_open_after, p.state_hold_s, "fleetpulse_gpu_xid",
              "GPU stopped reporting (fallen off the bus?)"),
     )
@@ -94,7 +115,8 @@ LOST: Final = len(RULES) - 1
 class RuleBook:
     """Rule state for models 0..n-1: consecutive-true runs, last time true, open episodes."""
 
-    ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms")
+    ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
+              "stuck_temp", "stuck_since_ms", "stuck_pmin", "stuck_pmax")
 
     def __init__(self, params: RuleParams) -> None:
         self.params = params
@@ -106,6 +128,11 @@ class RuleBook:
         self.started_ms = np.zeros((0, r), dtype=np.int64)
         self.value = np.zeros((0, r), dtype=np.float64)
         self.last_seen_ms = np.zeros(0, dtype=np.int64)
+        # Frozen-sensor tracking: the current reading, since when, power range since then.
+        self.stuck_temp = np.zeros(0)
+        self.stuck_since_ms = np.zeros(0, dtype=np.int64)
+        self.stuck_pmin = np.zeros(0)
+        self.stuck_pmax = np.zeros(0)
 
     def ensure(self, n: int) -> None:
         extra = n - len(self.run)
@@ -117,11 +144,12 @@ class RuleBook:
             setattr(self, k, np.concatenate([arr, pad]))
 
     def conditions(
-        self, row: npt.NDArray[np.float64], inc: npt.NDArray[np.float64],
-        valid: npt.NDArray[np.bool_],
+        self, ids: npt.NDArray[np.int64], row: npt.NDArray[np.float64],
+        inc: npt.NDArray[np.float64], valid: npt.NDArray[np.bool_], ts_ms: int,
     ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
         """(G, R) condition matrix and a value per condition (the XID code, the count...)."""
         g = row.shape[0]
+        p = self.params
         cond = np.zeros((g, len(self.rules)), dtype=bool)
         val = np.zeros((g, len(self.rules)))
         xid = row[:, COL["xid"]]
@@ -138,6 +166,25 @@ class RuleBook:
         cond[:, 3] = (ib & (THROTTLE_SW_THERMAL | 0x40)) != 0
         cond[:, 4] = (ib & (0x08 | 0x80)) != 0
         val[:, 3] = val[:, 4] = ib
+        # Frozen temperature while power moves.
+        temp = row[:, COL["temperature_celsius"]]
+        power = row[:, COL["power_usage_watts"]]
+        ok = np.isfinite(temp) & np.isfinite(power)
+        same = ok & (temp == self.stuck_temp[ids]) & (self.stuck_since_ms[ids] > 0)
+        self.stuck_since_ms[ids] = np.where(same, self.stuck_since_ms[ids],
+                                            np.where(ok, ts_ms, 0))
+        self.stuck_temp[ids] = np.where(ok, temp, np.nan)
+        self.stuck_pmin[ids] = np.where(same, np.fmin(self.stuck_pmin[ids], power), power)
+        self.stuck_pmax[ids] = np.where(same, np.fmax(self.stuck_pmax[ids], power), power)
+        frozen_ms = np.where(same, ts_ms - self.stuck_since_ms[ids], 0)
+        swing = self.stuck_pmax[ids] - self.stuck_pmin[ids]
+        cond[:, 5] = same & (frozen_ms >= p.stuck_after_s * 1000) & (swing >= p.stuck_power_w)
+        val[:, 5] = temp
+        cond[:, 6] = inc[:, 0] >= p.burst_per_step
+        val[:, 6] = inc[:, 0]
+        links = inc[:, 2:6].sum(axis=1)
+        cond[:, 7] = links >= p.burst_per_step
+        val[:, 7] = links
         cond[:, LOST] = ~valid
         return cond, val
 

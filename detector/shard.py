@@ -182,7 +182,7 @@ class DetectorShard:
             trace.open.append(self.gpu_bank.episodes.open[ids] | self.rules.open[ids].any(axis=1))
 
         # Health rules.
-        cond, val = self.rules.conditions(row, inc, valid)
+        cond, val = self.rules.conditions(ids, row, inc, valid, ts)
         r_open, r_res = self.rules.step(ids, cond, val, valid, ts)
         for r, k in r_open:
             out.append(self._open_rule_alert(int(ids[r]), k, ts, row[r]))

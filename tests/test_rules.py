@@ -77,3 +77,28 @@ def test_gpu_lost_when_all_nan_or_when_silent_while_its_rack_reports() -> None:
     assert len(lost6) == 1 and lost6[0][0] == "firing"
     assert 215 <= lost6[0][3] <= 225  # 15 s stale + 5 checks
     assert all(a.state is AlertState.FIRING for a in alerts if a.source == "rule:gpu_lost")
+
+
+def test_stuck_temperature_and_error_bursts() -> None:
+    shard, ids, nodes = _shard()
+    data = healthy(500, 8, seed=2)
+    data[200:, 0, COL["temperature_celsius"]] = data[200, 0, COL["temperature_celsius"]]
+    # Idle and steady: a constant reading with a flat power draw is not a stuck sensor.
+    data[:, 1, COL["power_usage_watts"]] = 80.0
+    data[:, 1, COL["temperature_celsius"]] = 34.0
+    sbe = np.zeros(500)
+    sbe[100:110] = 25.0  # 25 corrected errors per second for 10 s
+    sbe[300] = 1.0  # a lone corrected error, routine
+    data[:, 2, COL["ecc_sbe_volatile_total"]] = np.cumsum(sbe)
+    crc = np.zeros(500)
+    crc[150:152] = 50.0  # two steps: shorter than a burst
+    crc[400:420] = 120.0
+    data[:, 3, COL["nvlink_crc_errors_total"]] = np.cumsum(crc)
+    got = _rule_alerts(shard.process(ids, nodes, timestamps(500), data))
+    stuck = [g for g in got if g[1] == "rule:temperature_stuck"]
+    assert stuck and stuck[0][2] == "node-0/gpu-0" and 260 <= stuck[0][3] <= 300, stuck
+    assert all(g[2] == "node-0/gpu-0" for g in stuck)
+    assert ("firing", "rule:ecc_sbe_burst", "node-0/gpu-2", 102) in got
+    links = [g for g in got if g[1] == "rule:link_errors"]
+    assert [g[:3] for g in links] == [("firing", "rule:link_errors", "node-0/gpu-3")]
+    assert links[0][3] == 402
