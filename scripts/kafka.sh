@@ -157,7 +157,8 @@ fetch_jars() {
         if ! mvn -B -q -Dstyle.color=never -f "$HERE/kafka/pom.xml" \
                 -Dkafka.version="$KAFKA_VERSION" \
                 org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies \
-                -DoutputDirectory="$tmp" -DincludeScope=runtime >&2; then
+                -DoutputDirectory="$tmp" -DincludeScope=runtime 2>&1 \
+                | sed 's/\x1b\[[0-9;]*m//g' >&2; then  # Maven 3.8 -q still emits colour codes
             rm -rf "$tmp"
             die "Maven could not fetch org.apache.kafka:kafka_2.13:$KAFKA_VERSION"
         fi
