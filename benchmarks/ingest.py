@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -60,6 +61,8 @@ class RunContext:
     bootstrap: str
     prefix: str
     workdir: Path
+    instance: int = 0
+    """Which member of the stage's consumer group this process is (``--instances``)."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ STAGES: dict[str, Stage] = {
         lambda ctx: [sys.executable, "-m", "fleetpulse", "aggregator",
                      "--bootstrap", ctx.bootstrap, "--topic-prefix", ctx.prefix,
                      "--group", f"{ctx.prefix}.aggregator",
-                     "--data-dir", str(ctx.workdir / "aggregator" / "data"),
+                     "--data-dir", str(ctx.workdir / "aggregator" / f"data-{ctx.instance}"),
                      "--state-dir", str(ctx.workdir / "aggregator" / "state"),
                      "--listen", "127.0.0.1:0"],
         group_hint="aggregator",
@@ -102,7 +105,7 @@ STAGES: dict[str, Stage] = {
         lambda ctx: [sys.executable, "-m", "fleetpulse", "detector",
                      "--bootstrap", ctx.bootstrap, "--prefix", ctx.prefix,
                      "--group", f"{ctx.prefix}.detector",
-                     "--state-dir", str(ctx.workdir / "detector"),
+                     "--state-dir", str(ctx.workdir / "detector" / f"state-{ctx.instance}"),
                      "--metrics-port", "-1", "--quiet"],
         group_hint="detector",
     ),
@@ -486,7 +489,9 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
         readers.append(asyncio.create_task(_read_lines(proc.stderr, errs[name])))
 
     for st in stages:
-        await spawn(st.name, st.argv(ctx), st.env(ctx))
+        for i in range(args.instances):
+            ictx = dataclasses.replace(ctx, instance=i)
+            await spawn(_member(st.name, i), st.argv(ictx), st.env(ictx))
     monitor = Monitor(bootstrap, topics.samples, args.partitions)
     await monitor.start()
     probe_stop = asyncio.Event()
@@ -582,6 +587,15 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
                    broker0, broker_end, busy0, busy_end, load0, procs, probe, cpu_series)
 
 
+def _member(stage: str, i: int) -> str:
+    """Process name of instance ``i`` of ``stage`` (the first is the stage's own name)."""
+    return stage if i == 0 else f"{stage}#{i + 1}"
+
+
+def _members(stage: str, names: Any) -> list[str]:
+    return [n for n in names if n == stage or n.startswith(stage + "#")]
+
+
 def _last_json(lines: list[str]) -> dict[str, Any]:
     for line in reversed(lines):
         with contextlib.suppress(ValueError):
@@ -626,9 +640,15 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
         group = next((g for g in groups if st.group_hint and st.group_hint in g), None)
         if group is None and len(groups) == 1 and len(stages) == 1:
             group = next(iter(groups))
-        cpu = cpu_end.get(st.name, 0.0) - cpu0.get(st.name, 0.0)
-        row: dict[str, Any] = {"group": group, "cpu_s": round(cpu, 2),
-                               "cores": round(cpu / window, 3)}
+        members = _members(st.name, procs)
+        cpu = sum(cpu_end.get(n, 0.0) - cpu0.get(n, 0.0) for n in members)
+        row: dict[str, Any] = {"group": group, "instances": len(members),
+                               "cpu_s": round(cpu, 2), "cores": round(cpu / window, 3)}
+        if len(members) > 1:  # one CPU series for the stage: the members' sum
+            total = Series(list(cpu_series[members[0]].t),
+                           [sum(v) for v in zip(*(cpu_series[n].v for n in members),
+                                                strict=True)])
+            cpu_series[st.name] = total
         if group is not None:
             c = groups.pop(group)
             rate = c.slope(steady, window) * metrics_per_frame
@@ -643,18 +663,21 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
                 "caught_up_after_load": bool(caught_up),
                 "cpu_s_per_million": cost(st.name, rate),
             })
-        said = [float(m.group(1).replace(",", "")) for line in errs.get(st.name, ())
+        said = [float(m.group(1).replace(",", "")) for n in members for line in errs[n]
                 if (m := _RATE.search(line))]
-        if said:
-            row["self_reported_metrics_per_s_median"] = round(float(np.median(said)), 1)
-        final = _last_json(outputs.get(st.name, []))
-        if final.get("final"):
-            row["decode_errors"] = final.get("errors")
-            row["latency_ms_p50"] = final.get("latency_ms_p50")
-            row["latency_ms_p99"] = final.get("latency_ms_p99")
-        if group is None or procs[st.name].returncode not in (0, -signal.SIGTERM, None):
-            row["exit_code"] = procs[st.name].returncode
-            row["stderr_tail"] = errs[st.name][-10:]
+        if said:  # per member line; the stage's rate is the members' sum
+            row["self_reported_metrics_per_s_median"] = round(
+                float(np.median(said)) * len(members), 1)
+        finals = [f for n in members if (f := _last_json(outputs[n])).get("final")]
+        if finals:
+            row["decode_errors"] = sum(f.get("errors") or 0 for f in finals)
+            # Conservative across members: the worst member's percentiles.
+            row["latency_ms_p50"] = max((f.get("latency_ms_p50") or 0) for f in finals)
+            row["latency_ms_p99"] = max((f.get("latency_ms_p99") or 0) for f in finals)
+        codes = {n: procs[n].returncode for n in members}
+        if group is None or any(c not in (0, -signal.SIGTERM, None) for c in codes.values()):
+            row["exit_codes"] = codes
+            row["stderr_tail"] = [line for n in members for line in errs[n][-6:]]
         per_stage[st.name] = row
     fleet_cpu = cpu_end.get("fleet", 0.0)
     broker_cpu = broker_end - broker0
@@ -686,6 +709,7 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
         "hz": args.hz,
         "seconds": args.seconds,
         "partitions": args.partitions,
+        "instances": args.instances,
         "ticks_per_frame": args.ticks_per_frame,
         "stages": [s.name for s in stages],
         "target_metrics_per_s": round(args.gpus * args.hz * fleet["metrics_per_gpu"], 1),
@@ -765,6 +789,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", help="comma-separated: decode,aggregator,detector "
                                     "(default: every one that exists)")
     p.add_argument("--partitions", type=int, default=12)
+    p.add_argument("--instances", type=int, default=1,
+                   help="processes per stage, all in the stage's consumer group")
     p.add_argument("--ticks-per-frame", type=int, default=5)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--settle", type=float, default=5.0,
