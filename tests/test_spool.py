@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent.spool import DropPolicy, FsyncPolicy, Spool
 
@@ -144,3 +146,103 @@ def test_bounds_are_validated(tmp_path: Path) -> None:
     spool = Spool(tmp_path, max_bytes=128 << 10, segment_bytes=64 << 10)
     assert not spool.append(None, os.urandom(100 << 10)), "a record bigger than the spool"
     assert spool.stats.dropped_frames == 1
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.one_of(
+    st.tuples(st.just("append"), st.integers(1, 300)),
+    st.tuples(st.just("read"), st.integers(1, 9)),
+    st.tuples(st.just("ack"), st.integers(0, 9)),
+    st.tuples(st.just("rewind"), st.just(0)),
+    st.tuples(st.just("commit"), st.just(0)),
+    st.tuples(st.just("reopen"), st.just(0)),
+), max_size=60))
+def test_spool_matches_a_queue_model(tmp_path_factory: pytest.TempPathFactory,
+                                     ops: list[tuple[str, int]]) -> None:
+    """Against a plain list: order, at-least-once after reopen, pending counts, no loss."""
+    path = tmp_path_factory.mktemp("model")
+    spool = Spool(path, max_bytes=1 << 24, segment_bytes=1024)
+    model: list[bytes] = []
+    acked = committed = 0  # indexes into model
+    read_pos = 0
+    unacked_reads: list = []
+    n = 0
+    for op, arg in ops:
+        if op == "append":
+            value = b"%06d" % n + b"v" * arg
+            n += 1
+            assert spool.append(None, value)
+            model.append(value)
+        elif op == "read":
+            recs = spool.read(arg)
+            assert [r.value for r in recs] == model[read_pos:read_pos + len(recs)]
+            assert len(recs) == min(arg, len(model) - read_pos)
+            read_pos += len(recs)
+            unacked_reads += recs
+        elif op == "ack":
+            for rec in unacked_reads[:arg]:
+                spool.ack(rec)
+                acked += 1
+            unacked_reads = unacked_reads[arg:]
+        elif op == "rewind":
+            spool.rewind()
+            read_pos, unacked_reads = acked, []
+        elif op == "commit":
+            spool.commit()
+            committed = acked
+        elif op == "reopen":
+            spool.close()
+            spool = Spool(path, max_bytes=1 << 24, segment_bytes=1024)
+            acked = read_pos = committed
+            unacked_reads = []
+        assert spool.pending_frames == len(model) - acked
+    spool.rewind()
+    assert [r.value for r in spool.read(10_000, 1 << 30)] == model[acked:]
+    assert spool.stats.dropped_frames == 0 and spool.stats.corrupt_bytes == 0
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.one_of(
+    st.tuples(st.just("append"), st.integers(1, 3000)),
+    st.tuples(st.just("read"), st.integers(1, 9)),
+    st.tuples(st.just("ack"), st.integers(0, 9)),
+    st.tuples(st.just("rewind"), st.just(0)),
+    st.tuples(st.just("commit"), st.just(0)),
+), max_size=80))
+def test_full_spool_drops_oldest_but_keeps_order_and_counts(
+        tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, int]]) -> None:
+    """With drops happening under reads in flight: reads stay in append order, and every
+    appended record is delivered, pending or counted as dropped."""
+    spool = Spool(tmp_path_factory.mktemp("full"), max_bytes=16 << 10, segment_bytes=4 << 10)
+    n = 0
+    last_read = -1
+    delivered: set[int] = set()
+    unacked: list = []
+    for op, arg in ops:
+        if op == "append":
+            spool.append(None, b"%06d" % n + b"v" * arg)
+            n += 1
+        elif op == "read":
+            recs = spool.read(arg)
+            ids = [int(r.value[:6]) for r in recs]
+            assert ids == sorted(ids) and (not ids or ids[0] > last_read)
+            last_read = ids[-1] if ids else last_read
+            unacked += recs
+        elif op == "ack":
+            for rec in unacked[:arg]:
+                spool.ack(rec)
+                delivered.add(int(rec.value[:6]))
+            unacked = unacked[arg:]
+        elif op == "rewind":
+            spool.rewind()
+            unacked, last_read = [], -1
+        else:
+            spool.commit()
+        assert spool.total_bytes <= 16 << 10
+    spool.rewind()
+    rest = [int(r.value[:6]) for r in spool.read(10_000, 1 << 30)]
+    assert len(rest) == spool.pending_frames
+    assert rest == sorted(rest)
+    accounted = len(delivered | set(rest)) + spool.stats.dropped_frames
+    assert accounted >= n, f"{n} appended, {accounted} delivered/pending/dropped"
