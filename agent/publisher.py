@@ -30,6 +30,11 @@ of order only if the broker recovers between the two (a window of one request); 
 (agent, seq) pair lets the consumer see that, too. Non-retriable errors (a record the
 broker will never take) are counted in ``rejected_frames`` and logged, not retried forever.
 
+What ``kill -9`` can lose: frames sent but not yet acknowledged (the broker's ack latency
+worth, unless the broker already has them) and, in the agent, the partial frame being built.
+Everything in the spool survives; writing every frame to disk before sending it (a WAL)
+would close that window at the cost of a disk write per frame, which the agent does not pay.
+
 Sequence numbers belong to the *frame* (see :mod:`schemas.frame`), not to the publisher:
 :class:`AgentSequence` hands them out per agent incarnation, and the fleet keeps one per
 logical agent.
