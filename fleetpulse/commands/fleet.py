@@ -91,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.export:
         return _export(cfg, args.export)
+    if cfg.transport.is_memory:
+        print("fleetpulse fleet: publishing to the in-process memory broker, which nothing "
+              "else can read; pass --bootstrap HOST:PORT for Kafka", file=sys.stderr)
     summary = asyncio.run(_live(cfg))
     print(json.dumps(summary), flush=True)
     return 0 if summary["frames_lost"] == 0 and summary["frames_rejected"] == 0 else 1
