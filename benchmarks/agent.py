@@ -15,6 +15,11 @@ Two measurements, both on the synthetic source (8 GPUs, every NVML-granular metr
    metric can be read without the model's.
 
     python -m benchmarks.agent [--json] [--duration S] [--gpus N]
+    python -m benchmarks.agent --nvml-capture   # on a GPU host: one real NVML tick, saved
+
+``--nvml-capture`` runs ``fleetpulse agent --source nvml --once --print``'s code path on the
+real driver and keeps its JSON lines as ``results/agent-nvml-<model>-<driver>.jsonl`` (the
+issue's record of what each GPU model supports), plus the NVML errors by kind.
 
 Targets (issue 3): <= 1 % of one core at 1 Hz for 8 GPUs, <= 80 MB RSS.
 """
@@ -246,6 +251,42 @@ def in_process(gpus: int, ticks: int) -> dict[str, Any]:
     }
 
 
+def nvml_capture() -> int:
+    """One real NVML tick printed and kept under results/ (needs GPUs and a driver)."""
+    import io
+
+    from agent.run import print_tick
+    from agent.sources.nvml import NvmlSource
+    from schemas.records import EventKind
+
+    async def one() -> tuple[NvmlSource, Any]:
+        src = NvmlSource(events=False)
+        await src.start()
+        try:
+            return src, await src.gather(time.time_ns() // 1_000_000)
+        finally:
+            await src.close()
+
+    from agent.sources.base import SourceError
+
+    try:
+        src, tick = asyncio.run(one())
+    except SourceError as exc:
+        print(f"no NVML here: {exc}", file=sys.stderr)
+        return 1
+    inv = next((e.data for e in tick.events if e.kind is EventKind.INVENTORY), {})
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", f"{inv.get('model')}-{inv.get('driver')}").strip("-")
+    out = io.StringIO()
+    n = print_tick(src, tick, out)
+    path = RESULTS.parent / f"agent-nvml-{slug}.jsonl"
+    path.write_text(out.getvalue())
+    summary = {"gpus": len(tick.gpus), "lines": n, "metrics": len(tick.metric_ids),
+               "errors_by_kind": src.error_counts(), "file": str(path)}
+    print(out.getvalue(), end="")
+    print(orjson.dumps(summary).decode())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.agent", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -255,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--hz", type=float, default=1.0, help=argparse.SUPPRESS)
     ap.add_argument("--naive-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--nvml-capture", action="store_true",
+                    help="on a GPU host: save one real NVML tick under results/")
     args = ap.parse_args(argv)
+    if args.nvml_capture:
+        return nvml_capture()
     if args.naive_worker:
         asyncio.run(naive_worker(args.hz, args.gpus))
         return 0
