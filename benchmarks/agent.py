@@ -251,7 +251,7 @@ def in_process(gpus: int, ticks: int) -> dict[str, Any]:
     }
 
 
-def nvml_capture() -> int:
+def nvml_capture(bindings: Any = None, results_dir: Path = RESULTS.parent) -> int:
     """One real NVML tick printed and kept under results/ (needs GPUs and a driver)."""
     import io
 
@@ -260,7 +260,7 @@ def nvml_capture() -> int:
     from schemas.records import EventKind
 
     async def one() -> tuple[NvmlSource, Any]:
-        src = NvmlSource(events=False)
+        src = NvmlSource(bindings, events=False)
         await src.start()
         try:
             return src, await src.gather(time.time_ns() // 1_000_000)
@@ -278,7 +278,7 @@ def nvml_capture() -> int:
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", f"{inv.get('model')}-{inv.get('driver')}").strip("-")
     out = io.StringIO()
     n = print_tick(src, tick, out)
-    path = RESULTS.parent / f"agent-nvml-{slug}.jsonl"
+    path = results_dir / f"agent-nvml-{slug}.jsonl"
     path.write_text(out.getvalue())
     summary = {"gpus": len(tick.gpus), "lines": n, "metrics": len(tick.metric_ids),
                "errors_by_kind": src.error_counts(), "file": str(path)}

@@ -6,6 +6,7 @@ import asyncio
 import io
 import math
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import orjson
 import pynvml
@@ -244,3 +245,12 @@ async def test_nvml_unusable_is_a_source_error() -> None:
     with pytest.raises(SourceError, match="not usable"):
         await src.start()
     assert src.error_counts() == {"driver_not_loaded": 1}
+
+
+def test_nvml_capture_names_the_file_after_model_and_driver(tmp_path: Path) -> None:
+    from benchmarks.agent import nvml_capture
+
+    assert nvml_capture(FakeNvml(h100s(2)), tmp_path) == 0
+    path = tmp_path / "agent-nvml-NVIDIA-H100-80GB-HBM3-580.105.08.jsonl"
+    lines = [orjson.loads(line) for line in path.read_text().splitlines()]
+    assert {ln["gpu"] for ln in lines} == {0, 1}
