@@ -274,7 +274,7 @@ def nvml_capture(bindings: Any = None, results_dir: Path = RESULTS.parent) -> in
     except SourceError as exc:
         print(f"no NVML here: {exc}", file=sys.stderr)
         return 1
-    inv = next((e.data for e in tick.events if e.kind is EventKind.INVENTORY), {})
+    inv: dict[str, Any] = next((e.data for e in tick.events if e.kind is EventKind.INVENTORY), {})
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", f"{inv.get('model')}-{inv.get('driver')}").strip("-")
     out = io.StringIO()
     n = print_tick(src, tick, out)
