@@ -509,7 +509,7 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
                   "--hz", str(args.hz), "--duration", str(args.seconds), "--bootstrap",
                   bootstrap, "--topic-prefix", prefix, "--partitions", str(args.partitions),
                   "--ticks-per-frame", str(args.ticks_per_frame), "--progress", "0",
-                  "--seed", str(args.seed)]
+                  "--seed", str(args.seed), "--compression", args.compression]
     t_start = time.monotonic()
     await spawn("fleet", fleet_argv, {})
     fleet = procs["fleet"]
@@ -710,6 +710,7 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
         "seconds": args.seconds,
         "partitions": args.partitions,
         "instances": args.instances,
+        "compression": args.compression,
         "ticks_per_frame": args.ticks_per_frame,
         "stages": [s.name for s in stages],
         "target_metrics_per_s": round(args.gpus * args.hz * fleet["metrics_per_gpu"], 1),
@@ -789,6 +790,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stages", help="comma-separated: decode,aggregator,detector "
                                     "(default: every one that exists)")
     p.add_argument("--partitions", type=int, default=12)
+    p.add_argument("--compression", default="snappy",
+                   choices=("lz4", "zstd", "gzip", "snappy", "none"),
+                   help="the fleet's producer codec (default snappy: aiokafka's lz4 is "
+                        "level 9, ~10x the CPU per byte on this data)")
     p.add_argument("--instances", type=int, default=1,
                    help="processes per stage, all in the stage's consumer group")
     p.add_argument("--ticks-per-frame", type=int, default=5)

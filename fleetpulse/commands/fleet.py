@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--export", metavar="FILE.npz", help="write the run to a file, no broker")
     p.add_argument("--bootstrap", help="Kafka bootstrap servers, or memory://NAME")
     p.add_argument("--topic-prefix", help="topic prefix (default fleetpulse)")
+    p.add_argument("--compression", choices=("lz4", "zstd", "gzip", "snappy", "none"),
+                   help="producer compression (aiokafka's lz4 runs at level 9: ~10x the CPU "
+                        "of snappy per byte; see the README's load-test section)")
     p.add_argument("--ticks-per-frame", type=int, help="ticks per node frame")
     p.add_argument("--partitions", type=int, help="partitions if the fleet creates the topic")
     p.add_argument("--max-speed", action="store_true",
@@ -77,6 +80,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         transport["bootstrap"] = args.bootstrap
     if args.topic_prefix:
         transport["topic_prefix"] = args.topic_prefix
+    if args.compression:
+        transport["compression"] = args.compression
     if transport:
         out["transport"] = transport
     return out
