@@ -252,11 +252,14 @@ class Spool:
             return False
         seg = min(candidates)
         info = self._segments.pop(seg)
-        if seg == self._ack_seg:
+        if seg < self._ack_seg:  # delivered already, only its deletion was pending a commit
+            lost_frames, lost_bytes = 0, 0
+        elif seg == self._ack_seg:
             lost_frames, lost_bytes = self._count_from(seg, self._ack_off)
         else:
             lost_frames, lost_bytes = info.records, info.size
-        self._count_drop(lost_frames, lost_bytes, f"deleted oldest spool segment {seg}")
+        if lost_frames:
+            self._count_drop(lost_frames, lost_bytes, f"deleted oldest spool segment {seg}")
         self.stats.pending_frames -= lost_frames
         self.stats.pending_bytes -= lost_bytes
         self._seg_path(seg).unlink(missing_ok=True)
@@ -403,15 +406,14 @@ class Spool:
         self._read_seg, self._read_off = self._ack_seg, self._ack_off
 
     def ack(self, rec: SpoolRecord) -> None:
-        """The broker acknowledged ``rec``; call in read order. Persist with :meth:`commit`."""
+        """The broker acknowledged ``rec``; call in read order. Persist with :meth:`commit`
+        (until then a restart replays it again)."""
         if (rec.segment, rec.end) <= (self._ack_seg, self._ack_off):
             return  # already acknowledged, or its segment was dropped meanwhile
         self._ack_seg, self._ack_off = rec.segment, rec.end
         self.stats.acked_frames += 1
         self.stats.pending_frames -= 1
         self.stats.pending_bytes -= rec.size
-        for seg in [s for s in self._segments if s < rec.segment]:
-            self._delete_segment(seg)
 
     def _delete_segment(self, seg: int) -> None:
         if seg == self._write_seg:
@@ -420,9 +422,18 @@ class Spool:
         self._seg_path(seg).unlink(missing_ok=True)
 
     def commit(self) -> None:
-        """Persist the acknowledged position; a fully drained spool is reset to empty."""
+        """Persist the acknowledged position, then delete the segments entirely before it.
+
+        Segments are deleted only here, after the cursor is written, so a crash replays
+        exactly what follows the last committed position. A drained spool is reset to empty.
+        """
         if self.stats.pending_frames == 0 and not self.has_unread():
             self._reset_when_drained()
+        self._write_cursor()
+        for seg in [s for s in self._segments if s < self._ack_seg]:
+            self._delete_segment(seg)
+
+    def _write_cursor(self) -> None:
         head = _CURSOR_FMT.pack(_CURSOR_MAGIC, self._ack_seg, self._ack_off, 0)[:20]
         raw = head + struct.pack("<I", zlib.crc32(head))
         tmp = self.dir / (_CURSOR + ".tmp")
