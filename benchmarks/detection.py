@@ -353,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hst-gpus", type=int, default=24, help="0 skips HalfSpaceTrees")
     parser.add_argument("--json", action="store_true", help="also print the JSON object")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--dump-alerts", type=Path, help="write the detector's alert records "
+                        "(JSON lines) and each false incident, for tuning")
     args = parser.parse_args(argv)
 
     from fleetpulse.config import load_config
@@ -369,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     cold_start_s = (config.model.warmup + engine_cfg.effective_output_after
                     + engine_cfg.shingle) / fleet.hz
     det = evaluate(fleet, episodes_from_alerts(fleet, alerts), cold_start_s)
+    if args.dump_alerts:
+        with args.dump_alerts.open("w") as fh:
+            for a in alerts:
+                fh.write(a.to_bytes().decode() + "\n")
     updates = fleet.gpus * fleet.steps
     det["updates_per_s"] = round(updates / cpu, 1)
     det["bytes_per_model"] = per_model

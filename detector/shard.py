@@ -288,7 +288,8 @@ class DetectorShard:
         rec = AlertRecord(
             id=alert_id(entity, source, ts), entity=entity, level=level,
             state=AlertState.FIRING, severity=severity, source=source, summary=summary,
-            score=round(score, 4), threshold=round(thr, 4), started_ms=ts, updated_ms=ts,
+            score=round(float(score), 4), threshold=round(float(thr), 4), started_ms=int(ts),
+            updated_ms=int(ts),
             attribution=attrib, context=context,
         )
         self.open_alerts[(entity, source)] = rec
@@ -305,8 +306,8 @@ class DetectorShard:
         return AlertRecord(
             id=opened.id, entity=entity, level=opened.level, state=AlertState.RESOLVED,
             severity=opened.severity, source=source, summary=opened.summary,
-            score=round(score, 4), threshold=opened.threshold, started_ms=opened.started_ms,
-            updated_ms=ts, attribution=opened.attribution, context=opened.context,
+            score=round(float(score), 4), threshold=opened.threshold,
+            started_ms=opened.started_ms, updated_ms=int(ts), attribution=opened.attribution, context=opened.context,
         )
 
 

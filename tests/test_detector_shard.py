@@ -9,7 +9,7 @@ from test_detector_support import healthy, small_config, timestamps
 from detector.checkpoint import CheckpointError, restore_shard, shard_bytes
 from detector.features import COL
 from detector.shard import DetectorShard, StepTrace
-from schemas.records import AlertState
+from schemas.records import AlertRecord, AlertState
 
 RACK = "c1/row-a/rack-1"
 
@@ -27,6 +27,8 @@ def test_hot_gpu_raises_one_model_alert_naming_temperature_high() -> None:
     data[450:, 3, COL["temperature_celsius"]] += 20.0
     data[450:, 3, COL["memory_temperature_celsius"]] += 20.0
     alerts = shard.process(ids, nodes, timestamps(700), data)
+    # Every record survives the wire format (plain JSON types only).
+    assert all(AlertRecord.from_bytes(a.to_bytes()) == a for a in alerts)
     model = [a for a in alerts if a.source.startswith("model:") and a.level == "gpu"]
     assert [a.entity for a in model if a.state is AlertState.FIRING] == [f"{RACK}/node-0/gpu-3"]
     fire = model[0]
@@ -57,6 +59,7 @@ def test_rack_model_sees_a_cooling_wave() -> None:
     data[:, :, COL["temperature_celsius"]] += ramp[:, None]
     data[:, :, COL["memory_temperature_celsius"]] += ramp[:, None]
     alerts = shard.process(ids, nodes, timestamps(1100), data)
+    assert all(AlertRecord.from_bytes(a.to_bytes()) == a for a in alerts)
     rack = [a for a in alerts if a.level == "rack" and a.state is AlertState.FIRING]
     assert [a.entity for a in rack] == [RACK]
     assert rack[0].started_ms - timestamps(1)[0] >= 800_000
