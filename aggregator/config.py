@@ -27,8 +27,9 @@ class AggregatorConfig:
     """Consumer group of the rack stage; the row stage uses ``<group_id>-rows``."""
     lateness_ms: int = 20_000
     """A window closes when its partition's watermark passes its end by this much."""
-    row_lateness_ms: int = 30_000
-    """Same for the row/cluster stage, over rack rollup windows."""
+    row_lateness_ms: int = 300_000
+    """Row/cluster stage: a parent window closes when all its children moved past it, or
+    (a dead rack) when the most advanced child is this far past the window's end."""
     commit_interval_ms: int = 2_000
     """How often to flush the store, checkpoint and commit offsets."""
     max_batch: int = 2_000

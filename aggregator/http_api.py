@@ -157,8 +157,7 @@ async def _query_range(request: web.Request, engine: QueryEngine,
     start = parse_time(_one(params, "start"), "start")
     end = parse_time(_one(params, "end"), "end")
     step = parse_duration(_one(params, "step"), "step")
-    res = engine.query_range(query, start, end, step, params.get("resolution", [None])[-1],
-                             now_ms=int(time.time() * 1000))
+    res = engine.query_range(query, start, end, step, params.get("resolution", [None])[-1])
     return _ok({"resultType": "matrix", "result": _matrix(res, start, step)})
 
 

@@ -17,6 +17,7 @@ windows: sums add, min/max take extremes, ``avg`` is sum/count, quantiles merge 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -97,10 +98,14 @@ class QueryEngine:
     """Read-side of one aggregator: the same store and index the stages write."""
 
     def __init__(self, store: SeriesStore, index: EntityIndex,
-                 limits: QueryLimits | None = None) -> None:
+                 limits: QueryLimits | None = None,
+                 now_fn: Callable[[], int | None] | None = None) -> None:
         self.store = store
         self.index = index
         self.limits = limits or QueryLimits()
+        self.now_fn = now_fn
+        """Data time in ms (the newest sample seen) that retention is measured against;
+        None -> the query's end. Wall-clock time would be wrong for replayed history."""
 
     # ----------------------------------------------------------------- resolution
     def resolve(self, sel: Selector, tier: str) -> _Resolved:
@@ -291,7 +296,8 @@ class QueryEngine:
                              " points per timeseries. Try decreasing the query resolution "
                              "(?step=XX)")
         expr = parse(query)
-        now = now_ms if now_ms is not None else end_ms
+        now = now_ms if now_ms is not None else (self.now_fn() if self.now_fn else None)
+        now = end_ms if now is None else now
         tier = self.choose_tier(step_ms, start_ms, now, resolution)
         return self._eval(expr, tier, start_ms, step_ms, int(n))
 

@@ -6,10 +6,14 @@ same stage (on whichever instance owns that key) merges into cluster windows. So
 scales out like the rack stage and needs no all-to-one hop except per cluster.
 
 A child frame is identified by (level, entity, window); a replayed frame replaces the one
-held, so re-reading after a crash cannot double count. Windows close on a per-partition
-watermark (the newest child window start seen) plus ``lateness``; children arriving after
-that are counted as late. Children are merged in name order, so sums are bit-for-bit the
-same on every replay.
+held, so re-reading after a crash cannot double count. A parent window closes when every
+child of the parent has reported a later window (children publish their windows in order,
+so nothing more can come for it), or, so that a dead rack cannot hold its row forever,
+once the most advanced child is ``lateness`` past the window's end. Closing on the
+children's progress rather than on one partition-wide watermark is what keeps the result
+independent of how fast the different sample partitions were consumed (a backlog replay
+runs them at very different speeds). Children arriving for a closed window are counted as
+late. Children are merged in name order, so sums are bit-for-bit the same on every replay.
 """
 
 from __future__ import annotations
@@ -49,14 +53,37 @@ ParentKey = tuple[str, str, str]
 
 
 @dataclass(slots=True)
+class _ParentTiers:
+    """What the coarse tiers of one parent need: its series and how far they are derived.
+
+    Per parent, not per partition: parents sharing a partition close independently."""
+
+    done: dict[str, int] = field(default_factory=dict)
+    sids: dict[str, set[int]] = field(default_factory=dict)
+    sketch_sids: set[int] = field(default_factory=set)
+
+    def to_json(self) -> dict[str, object]:
+        return {"done": self.done, "sids": {k: sorted(v) for k, v in self.sids.items()},
+                "sketch": sorted(self.sketch_sids)}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, object]) -> _ParentTiers:
+        sids = obj.get("sids", {})
+        assert isinstance(sids, dict)
+        return cls(dict(obj.get("done", {})),  # type: ignore[call-overload]
+                   {k: set(v) for k, v in sids.items()},
+                   set(obj.get("sketch", [])))  # type: ignore[call-overload]
+
+
+@dataclass(slots=True)
 class _Part:
     watermark: int = _NEG_INF
     open: dict[tuple[ParentKey, int], dict[str, RollupFrame]] = field(default_factory=dict)
     first_offset: dict[tuple[ParentKey, int], int] = field(default_factory=dict)
+    child_wm: dict[ParentKey, dict[str, int]] = field(default_factory=dict)
+    """Per parent, the newest window start each child reported."""
     position: int = 0
-    done: dict[str, int] = field(default_factory=dict)
-    sids: dict[str, set[int]] = field(default_factory=dict)
-    sketch_sids: set[int] = field(default_factory=set)
+    tiers: dict[ParentKey, _ParentTiers] = field(default_factory=dict)
 
     @property
     def resume(self) -> int:
@@ -67,7 +94,7 @@ class RowStage:
     """Row and cluster rollups for the rollups-topic partitions this instance owns."""
 
     def __init__(self, store: SeriesStore, index: EntityIndex, *, topic: str,
-                 lateness_ms: int = 30_000) -> None:
+                 lateness_ms: int = 300_000) -> None:
         self.store = store
         self.index = index
         self.topic = topic
@@ -82,9 +109,11 @@ class RowStage:
         if ckpt is not None:
             part.watermark = ckpt.watermark
             part.position = ckpt.resume_offset
-            part.done = dict(ckpt.downsampled)
-            part.sids = {k: set(v) for k, v in ckpt.extra.get("sids", {}).items()}
-            part.sketch_sids = set(ckpt.extra.get("sketch_sids", []))
+            part.tiers = {(lv, cl, rw): _ParentTiers.from_json(obj)
+                          for lv, cl, rw, obj in ckpt.extra.get("tiers", [])}
+            part.child_wm = {
+                (lv, cl, rw): dict(children)
+                for lv, cl, rw, children in ckpt.extra.get("child_wm", [])}
         self.parts[partition] = part
         return part.position
 
@@ -109,15 +138,17 @@ class RowStage:
                 continue
             touched.add(msg.partition)
             part.watermark = max(part.watermark, fr.start_ms)
-            if fr.start_ms + fr.width_ms + self.lateness <= part.watermark:
-                self.late += 1
-                continue
             if fr.level == "rack":
                 parent: ParentKey = ("row", fr.cluster, fr.row)
                 child = fr.rack
             else:
                 parent = ("cluster", fr.cluster, "")
                 child = fr.row
+            wms = part.child_wm.setdefault(parent, {})
+            if self._closed(wms, fr.start_ms):
+                self.late += 1
+                continue
+            wms[child] = max(wms.get(child, _NEG_INF), fr.start_ms)
             key = (parent, fr.start_ms)
             part.open.setdefault(key, {})[child] = fr
             part.first_offset.setdefault(key, msg.offset)
@@ -126,25 +157,38 @@ class RowStage:
             out.extend(self._close_due(p))
         return dead, out
 
+    def _closed(self, wms: dict[str, int], start: int) -> bool:
+        """Whether the parent window starting at ``start`` is complete (see module doc)."""
+        if not wms:
+            return False
+        newest = max(wms.values())
+        if start + WINDOW_MS + self.lateness <= newest:
+            return True
+        return min(wms.values()) > start
+
     def _close_due(self, partition: int) -> list[RollupFrame]:
         part = self.parts[partition]
-        due = sorted((k for k in part.open if k[1] + WINDOW_MS + self.lateness <= part.watermark),
+        due = sorted((k for k in part.open if self._closed(part.child_wm[k[0]], k[1])),
                      key=lambda k: (k[1], k[0]))
         out = []
+        ends: dict[ParentKey, int] = {}
         for key in due:
-            frame = self._close(part, key[0], key[1], part.open.pop(key))
+            tiers = part.tiers.setdefault(key[0], _ParentTiers())
+            frame = self._close(tiers, key[0], key[1], part.open.pop(key))
             part.first_offset.pop(key, None)
-            part.done.setdefault("base", key[1])
+            tiers.done.setdefault("base", key[1])
+            ends[key[0]] = key[1] + WINDOW_MS
             self.windows_closed += 1
             if frame is not None:
                 out.append(frame)
-        if due:
-            by_reducer = {r: [np.fromiter(s, np.int64)] for r, s in part.sids.items()}
-            derive_tiers(self.store, by_reducer, np.fromiter(sorted(part.sketch_sids), np.int64),
-                         part.done, due[-1][1] + WINDOW_MS)
+        for parent, end in sorted(ends.items()):
+            t = part.tiers[parent]
+            by_reducer = {r: [np.fromiter(sorted(v), np.int64)] for r, v in t.sids.items()}
+            derive_tiers(self.store, by_reducer, np.fromiter(sorted(t.sketch_sids), np.int64),
+                         t.done, end)
         return out
 
-    def _close(self, part: _Part, parent: ParentKey, start: int,
+    def _close(self, part: _ParentTiers, parent: ParentKey, start: int,
                children: dict[str, RollupFrame]) -> RollupFrame | None:
         names = sorted(children)
         n = len(names)
@@ -209,9 +253,9 @@ class RowStage:
         part = self.parts[partition]
         return PartitionCheckpoint(
             topic=self.topic, partition=partition, resume_offset=part.resume,
-            position=part.position, watermark=part.watermark, downsampled=dict(part.done),
-            extra={"sids": {k: sorted(v) for k, v in part.sids.items()},
-                   "sketch_sids": sorted(part.sketch_sids)})
+            position=part.position, watermark=part.watermark,
+            extra={"tiers": [[*k, v.to_json()] for k, v in part.tiers.items()],
+                   "child_wm": [[*k, v] for k, v in part.child_wm.items()]})
 
     def open_windows(self) -> int:
         return sum(len(p.open) for p in self.parts.values())

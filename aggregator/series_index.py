@@ -70,7 +70,7 @@ class EntityIndex:
         self._value_code: list[dict[str, int]] = [{"": 0} for _ in ENTITY_LABELS]
         self._codes = np.zeros((len(ENTITY_LABELS), 1024), np.int32)
         self.metrics = np.zeros((1024, METRIC_SLOTS), bool)
-        self._pending: list[bytes] = []
+        self._dirty = False
         self._fh = None
         if self._path is not None:
             self._path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +135,7 @@ class EntityIndex:
         eid = self._insert(key)
         rec = dict(zip(ENTITY_LABELS, key, strict=True))
         rec["id"] = eid  # type: ignore[assignment]
-        self._pending.append(orjson.dumps(rec))
+        self._write(orjson.dumps(rec))
         return eid
 
     def add_metrics(self, eids: npt.ArrayLike, metric_ids: Iterable[int]) -> None:
@@ -146,17 +146,21 @@ class EntityIndex:
             new = mids[~row[mids]]
             if new.size:
                 row[new] = True
-                self._pending.append(orjson.dumps({"id": eid, "metrics": new.tolist()}))
+                self._write(orjson.dumps({"id": eid, "metrics": new.tolist()}))
+
+    def _write(self, line: bytes) -> None:
+        """Hand the line to the OS at once: a store write that survives a kill -9 (it is in
+        the page cache too) must never refer to an id whose line did not."""
+        if self._fh is not None:
+            self._fh.write(line + b"\n")
+            self._fh.flush()
+            self._dirty = True
 
     def flush(self) -> None:
-        """Write and fsync what was added; call before the store's flush."""
-        if self._fh is None or not self._pending:
-            self._pending.clear()
-            return
-        self._fh.write(b"\n".join(self._pending) + b"\n")
-        self._pending.clear()
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        """fsync what was added; call before the store's flush."""
+        if self._fh is not None and self._dirty:
+            os.fsync(self._fh.fileno())
+            self._dirty = False
 
     def close(self) -> None:
         self.flush()

@@ -75,18 +75,18 @@ class _Loop:
             self.owned.discard(p)
 
     async def on_assigned(self, assigned: frozenset[TopicPartition]) -> None:
-        assert self.consumer is not None
+        """Restore each partition's checkpoint; no seek is needed.
+
+        The consumer resumes at the committed offset, which the last durable cycle set to
+        the checkpoint's resume offset (the checkpoint is written first, so at worst the
+        committed offset is older: the stage then skips messages below its resume offset,
+        whose effects are all in closed, stored windows). Calling the consumer from here
+        is avoided on purpose: the callback may run while the consumer is still starting.
+        """
         for t, p in sorted(assigned):
             if t != self.topic:
                 continue
-            ckpt = load_checkpoint(self.service.state_dir, t, p)
-            if ckpt is None:
-                committed = await self.consumer.committed((t, p))
-                if committed is not None:
-                    ckpt = PartitionCheckpoint(t, p, committed, committed, -(1 << 62))
-            offset = self.stage.assign(p, ckpt)
-            if ckpt is not None:
-                await self.consumer.seek((t, p), offset)
+            self.stage.assign(p, load_checkpoint(self.service.state_dir, t, p))
             self.owned.add(p)
 
 
@@ -107,7 +107,7 @@ class AggregatorService:
         self.row = RowStage(self.store, self.index, topic=self.topics.rollups,
                             lateness_ms=cfg.row_lateness_ms)
         self.engine = QueryEngine(self.store, self.index, QueryLimits(
-            cfg.max_points_per_series, cfg.max_series, cfg.lookback_ms))
+            cfg.max_points_per_series, cfg.max_series, cfg.lookback_ms), now_fn=self.data_time)
         self.loops = [_Loop(self, self.rack, self.topics.samples, cfg.group_id)]
         if cfg.row_stage:
             self.loops.append(_Loop(self, self.row, self.topics.rollups, f"{cfg.group_id}-rows"))
@@ -117,6 +117,7 @@ class AggregatorService:
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
         self._stop = asyncio.Event()
+        self._retention_at = time.monotonic()
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self, serve_http: bool = True) -> None:
@@ -181,6 +182,11 @@ class AggregatorService:
                 await self.durable(loop, set(loop.owned))
                 await self._update_lag(loop)
                 last = time.monotonic()
+                if loop.stage is self.rack and last - self._retention_at > 60.0:
+                    self._retention_at = last
+                    now = self.data_time()
+                    if now is not None:
+                        self.store.enforce_retention(now)
 
     async def handle(self, loop: _Loop, msgs: list[Message]) -> None:
         dead, rollups = loop.stage.process(msgs)
@@ -223,6 +229,11 @@ class AggregatorService:
         loop.lag = sum(max(0, ends.get(tp, 0) - parts[tp[1]].position)
                        for tp in tps if tp[1] in parts)
 
+    def data_time(self) -> int | None:
+        """Newest sample time seen (ms), the clock that tier retention is measured on."""
+        wms = [p.watermark for p in self.rack.parts.values() if p.watermark > 0]
+        return max(wms) if wms else None
+
     # ----------------------------------------------------------------- metrics
     def store_bytes(self) -> int:
         root = Path(self.cfg.data_dir) / "store"
@@ -254,12 +265,16 @@ class _Collector(Collector):
                                 "Messages behind the partitions' ends.", labels=["stage"])
         opened = GaugeMetricFamily("fleetpulse_aggregator_open_windows",
                                    "Windows waiting for their watermark.", labels=["stage"])
+        owned = GaugeMetricFamily("fleetpulse_aggregator_partitions",
+                                  "Partitions this instance owns.", labels=["stage"])
         for loop in s.loops:
             name = "rack" if loop.stage is s.rack else "row"
             lag.add_metric([name], loop.lag)
             opened.add_metric([name], loop.stage.open_windows())
+            owned.add_metric([name], len(loop.owned))
         yield lag
         yield opened
+        yield owned
         late = CounterMetricFamily("fleetpulse_aggregator_late_samples",
                                    "Samples (or rollups) past their window's lateness; not "
                                    "rolled up.", labels=["stage"])

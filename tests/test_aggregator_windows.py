@@ -167,7 +167,7 @@ def _dump(store, index, tier="10s"):
     out = {}
     for eid, key in enumerate(index.keys):
         for metric in (TEMP, POWER, ENERGY, PSTATE):
-            for agg in ("count", "sum", "min", "max", "last", "increase"):
+            for agg in ("count", "sum", "min", "max", "last", "increase", "sketch"):
                 r = store.read(tier, series_ids([eid], [metric], agg)[0], 0, 1 << 62)
                 if r.ts.size:
                     out[(key, metric, agg)] = (r.ts.tobytes(), r.values.tobytes())
