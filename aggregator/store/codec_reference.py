@@ -227,7 +227,16 @@ def decode_scaled(n: int, e: int) -> float:
 
 
 def find_scale(col: list[float]) -> tuple[int, list[int]] | None:
-    for e in range(E_MIN, E_MAX + 1):
+    """The first value's smallest exponent (from 0 down while it fits, else up), raised
+    until every value fits."""
+    first = col[0]
+    if scaled(first, 0) is not None:
+        start = 0
+        while start > E_MIN and scaled(first, start - 1) is not None:
+            start -= 1
+    else:
+        start = next((x for x in range(1, E_MAX + 1) if scaled(first, x) is not None), E_MAX + 1)
+    for e in range(start, E_MAX + 1):
         ints = [scaled(v, e) for v in col]
         if all(n is not None for n in ints):
             return e, [n for n in ints if n is not None]
@@ -324,25 +333,24 @@ def enc_column(col: list[float]) -> bytes:
         g = a
     m = [(x - n0) // g for x in ints]
     d = [0] + [m[i] - m[i - 1] for i in range(1, len(m))]
-    lag1, z1, w1, b1 = choose_stream(m, 0)
-    lag2, z2, w2, b2 = choose_stream(d, 1)
+    z1, z2 = residuals(m, 0, 1), residuals(d, 1, 1)
+    w1, b1 = plan(z1)
+    w2, b2 = plan(z2)
     cost1 = (b1 + 7) // 8 * 8 + 8 * len(w1)
     cost2 = (b2 + 7) // 8 * 8 + 8 * len(w2) + 8 * len(varint(zz(d[1])))
     head = bytes([e & 0xFF]) + varint(zz(n0)) + varint(g)
     if cost2 < cost1:
-        return bytes([C_DOD]) + head + bytes([lag2]) + varint(zz(d[1])) + write_stream(z2, w2, b2)
-    return bytes([C_DELTA]) + head + bytes([lag1]) + write_stream(z1, w1, b1)
+        lag, z2, w2, b2 = improve_lag(d, 1, z2, w2, b2)
+        return bytes([C_DOD]) + head + bytes([lag]) + varint(zz(d[1])) + write_stream(z2, w2, b2)
+    lag, z1, w1, b1 = improve_lag(m, 0, z1, w1, b1)
+    return bytes([C_DELTA]) + head + bytes([lag]) + write_stream(z1, w1, b1)
 
 
-def residuals(x: list[int], f: int, lag: int) -> list[int]:
-    """zz(x[i] - x[i-lag]) for i > f, against x[i-1] while i - lag < f."""
-    return [zz(x[i] - x[i - lag if i - lag >= f else i - 1]) for i in range(f + 1, len(x))]
-
-
-def choose_stream(x: list[int], f: int) -> tuple[int, list[int], list[int], int]:
+def improve_lag(x: list[int], f: int, z: list[int], w: list[int], b: int
+                ) -> tuple[int, list[int], list[int], int]:
     """(lag, residuals, widths, bits): lag 1 unless the estimated best lag plans smaller."""
-    z = residuals(x, f, 1)
-    w, b = plan(z)
+    if b <= len(x) - f - 1:
+        return 1, z, w, b
     lag = best_lag(x, f)
     if lag != 1:
         zl = residuals(x, f, lag)
@@ -352,13 +360,16 @@ def choose_stream(x: list[int], f: int) -> tuple[int, list[int], list[int], int]
     return 1, z, w, b
 
 
-def best_lag(x: list[int], f: int) -> int:
-    def cost(lag: int) -> int:
-        return sum(z.bit_length() for z in residuals(x, f, lag))
+def residuals(x: list[int], f: int, lag: int) -> list[int]:
+    """zz(x[i] - x[i-lag]) for i > f, against x[i-1] while i - lag < f."""
+    return [zz(x[i] - x[i - lag if i - lag >= f else i - 1]) for i in range(f + 1, len(x))]
 
-    if cost(1) <= len(x) - f - 1:
-        return 1
-    costs = [cost(lag) for lag in range(1, MAX_LAG + 1)]
+
+def best_lag(x: list[int], f: int) -> int:
+    """Fewest summed bit lengths of x[i] - x[i-lag] over i = f+8, f+10, ... (ties: smaller)."""
+    idx = range(f + MAX_LAG, len(x), 2)
+    costs = [sum(zz(x[i] - x[i - lag]).bit_length() for i in idx)
+             for lag in range(1, MAX_LAG + 1)]
     return costs.index(min(costs)) + 1
 
 
