@@ -291,6 +291,11 @@ class LiveFleet:
         val_buf = np.empty((per, self.topo.gpus, len(METRICS)))
         rate = model.hz * self.speed
         t0 = loop.time()
+        if self.realtime and model.tick == 0 and self.speed == 1.0:
+            # Stamp tick 0 with the moment pacing starts, not when the model was built
+            # (topic creation and connecting take a while): timestamps are then the times
+            # the samples were really taken, and latency measured from them is honest.
+            model.start_ms = self.sim_now_ms = time.time_ns() // 1_000_000
         last = (t0, 0)  # time and ack count at the previous progress line
         k = 0
         try:
