@@ -706,6 +706,72 @@ def _learn(
 
 
 @njit(cache=True)
+def _stream_in(cut_dim_m: np.ndarray, cut_val_m: np.ndarray, left_m: np.ndarray,
+               right_m: np.ndarray, box_m: np.ndarray, arena_m: np.ndarray, end: int) -> float:
+    """Read one value per cache line of model m's trees, boxes and points, in order.
+
+    Scoring visits these in pointer-chasing order; with thousands of models they are not in
+    cache, and a sequential sweep first lets the hardware prefetcher stream them in (it
+    costs a fraction of the misses it saves). Returns a value so the reads stay."""
+    acc = 0.0
+    flat = cut_val_m.reshape(-1)
+    for k in range(0, flat.shape[0], 16):
+        acc += flat[k]
+    fb = box_m.reshape(-1)
+    for k in range(0, fb.shape[0], 16):
+        acc += fb[k]
+    for k in range(0, end, 16):
+        acc += arena_m[k]
+    fl = left_m.reshape(-1)
+    fr = right_m.reshape(-1)
+    for k in range(0, fl.shape[0], 32):
+        acc += fl[k] + fr[k]
+    fd = cut_dim_m.reshape(-1)
+    for k in range(0, fd.shape[0], 64):
+        acc += fd[k]
+    return acc
+
+
+@njit(cache=True)
+def _score_forest(
+    q: np.ndarray, m: int, attribute: bool, root: np.ndarray, cut_dim: np.ndarray,
+    cut_val: np.ndarray, left: np.ndarray, right: np.ndarray, box: np.ndarray,
+    spid: np.ndarray, ssize: np.ndarray, offset: np.ndarray, arena: np.ndarray,
+    path: np.ndarray, stack: np.ndarray, slots: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+    ghigh: np.ndarray, glow: np.ndarray, vhigh: np.ndarray, vlow: np.ndarray,
+    high_i: np.ndarray, low_i: np.ndarray,
+) -> float:
+    """Model m's score of ``q`` (mean over trees); with ``attribute`` also its DiVector in
+    ``high_i``/``low_i`` (mean over trees, summing to the score)."""
+    groups = spid.shape[1]
+    trees = root.shape[1]
+    per_group = trees // groups
+    dim = q.shape[0]
+    total = 0.0
+    for g in range(groups):
+        size = ssize[m, g]
+        if size == 0:
+            continue
+        norm = np.log2(size + 1.0)
+        spid_g = spid[m, g]
+        ghigh[:] = 0.0
+        glow[:] = 0.0
+        group_total = 0.0
+        for t in range(g * per_group, (g + 1) * per_group):
+            group_total += _score_tree(
+                q, root[m, t], cut_dim[m, t], cut_val[m, t], left[m, t], right[m, t],
+                box[m, t], spid_g, size, offset[m], arena[m], path, stack, slots, lo, hi,
+                ghigh, glow, vhigh, vlow, attribute,
+            )
+        total += group_total * norm
+        if attribute:
+            for d in range(dim):
+                high_i[d] += ghigh[d] * norm / trees
+                low_i[d] += glow[d] * norm / trees
+    return total / trees
+
+
+@njit(cache=True)
 def advance(
     ids: np.ndarray,
     points: np.ndarray,
@@ -732,20 +798,16 @@ def advance(
     scores: np.ndarray,
     high: np.ndarray,
     low: np.ndarray,
-) -> None:
+) -> float:
     """Score each row's shingled point against its model (and learn it if ``learn``).
 
     ``high``/``low`` receive the forest's DiVector (averaged over trees, over the shingled
-    dimensions) for rows whose score exceeds ``attribute_above``; it comes from the scoring
-    pass itself, so the only saving is for rows whose limit is +inf."""
+    dimensions) for rows whose score exceeds ``attribute_above``, zeros elsewhere."""
     n = ids.shape[0]
     dims = points.shape[1]
     dim = shingle_buf.shape[1]
     shingle = dim // dims
-    groups = weight.shape[1]
     capacity = weight.shape[2]
-    trees = root.shape[1]
-    per_group = trees // groups
     q = np.empty(dim, dtype=np.float32)
     path = np.empty(capacity + 2, dtype=np.int64)
     stack = np.empty(2 * capacity + 4, dtype=np.int64)
@@ -757,6 +819,7 @@ def advance(
     vlow = np.empty(dim)
     ghigh = np.empty(dim)
     glow = np.empty(dim)
+    sink = 0.0
     for i in range(n):
         m = ids[i]
         for d in range(dim - dims):
@@ -770,37 +833,17 @@ def advance(
             low[i, d] = 0.0
         full = steps + 1 >= shingle
         if full and meta[m, META_SEQ] >= output_after and meta[m, META_SEQ] > 0:
-            attribute = not np.isinf(attribute_above[i])
-            total = 0.0
-            for g in range(groups):
-                size = ssize[m, g]
-                if size == 0:
-                    continue
-                norm = np.log2(size + 1.0)
-                spid_g = spid[m, g]
-                ghigh[:] = 0.0
-                glow[:] = 0.0
-                group_total = 0.0
-                for t in range(g * per_group, (g + 1) * per_group):
-                    group_total += _score_tree(
-                        q, root[m, t], cut_dim[m, t], cut_val[m, t], left[m, t], right[m, t],
-                        box[m, t], spid_g, size, offset[m], arena[m], path, stack, slots, lo,
-                        hi, ghigh, glow, vhigh, vlow, attribute,
-                    )
-                total += group_total * norm
-                if attribute:
-                    for d in range(dim):
-                        high[i, d] += ghigh[d] * norm
-                        low[i, d] += glow[d] * norm
-            scores[i] = total / trees
-            if attribute and scores[i] > attribute_above[i]:
-                for d in range(dim):
-                    high[i, d] /= trees
-                    low[i, d] /= trees
-            else:
-                for d in range(dim):
-                    high[i, d] = 0.0
-                    low[i, d] = 0.0
+            sink += _stream_in(cut_dim[m], cut_val[m], left[m], right[m], box[m], arena[m],
+                               meta[m, META_ARENA_END])
+            # Score first without attribution; only a row above its limit (an anomaly,
+            # rare) takes the second pass that also fills the DiVector.
+            scores[i] = _score_forest(q, m, False, root, cut_dim, cut_val, left, right, box,
+                                      spid, ssize, offset, arena, path, stack, slots, lo, hi,
+                                      ghigh, glow, vhigh, vlow, high[i], low[i])
+            if scores[i] > attribute_above[i]:
+                _score_forest(q, m, True, root, cut_dim, cut_val, left, right, box, spid,
+                              ssize, offset, arena, path, stack, slots, lo, hi, ghigh, glow,
+                              vhigh, vlow, high[i], low[i])
         if learn:
             for d in range(dim):
                 shingle_buf[m, d] = q[d]
@@ -809,6 +852,7 @@ def advance(
                 _learn(q, dims, m, decay, meta, weight, spid, ssize, heavy, root, free_head,
                        cut_dim, cut_val, left, right, box, arena, offset, refcnt, path, stack,
                        slots, lo, hi, ybuf)
+    return sink
 
 
 @njit(cache=True)
