@@ -281,9 +281,9 @@ class KafkaTransport(Transport):
         self._next_start = 0.0
         self._producer_lock = asyncio.Lock()
         self._retiring: set[asyncio.Task[None]] = set()
-        self._deadlines: collections.deque[tuple[float, asyncio.Future[RecordMeta]]] = (
-            collections.deque()
-        )
+        self._deadlines: collections.deque[
+            tuple[float, asyncio.Future[RecordMeta], AIOKafkaProducer]
+        ] = collections.deque()
         self._sweeper: asyncio.Task[None] | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self._consumers: list[KafkaConsumer] = []
@@ -401,9 +401,10 @@ class KafkaTransport(Transport):
             now = loop.time()
             queue = self._deadlines
             while queue and (queue[0][1].done() or queue[0][0] <= now):
-                _, fut = queue.popleft()
+                _, fut, producer = queue.popleft()
                 if not fut.done():
-                    self._needs_reset = True
+                    # The batch is in limbo; only a new producer id is safe to go on with.
+                    self._needs_reset = self._needs_reset or producer is self._producer
                     fut.set_exception(
                         TransportError(
                             f"no acknowledgement within {self.config.request_timeout_ms} ms",
@@ -432,7 +433,7 @@ class KafkaTransport(Transport):
             await asyncio.gather(self._sweeper, return_exceptions=True)
             self._sweeper = None
         while self._deadlines:
-            _, fut = self._deadlines.popleft()
+            _, fut, _producer = self._deadlines.popleft()
             if not fut.done():
                 fut.set_exception(TransportError("transport closed before the acknowledgement"))
                 fut.exception()  # nobody may be waiting any more; mark it retrieved
@@ -509,7 +510,7 @@ class KafkaTransport(Transport):
             raise _error(f"send to {topic!r} failed", exc) from exc
         loop = asyncio.get_running_loop()
         acked: asyncio.Future[RecordMeta] = loop.create_future()
-        self._deadlines.append((loop.time() + self._timeout_s, acked))
+        self._deadlines.append((loop.time() + self._timeout_s, acked, producer))
 
         def done(f: asyncio.Future[RecordMetadata]) -> None:
             exc = None if f.cancelled() else f.exception()
