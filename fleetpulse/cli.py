@@ -29,20 +29,27 @@ COMMANDS: Final[tuple[str, ...]] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every command, or only ``only`` when the command is known.
+
+    Importing a command module may import its stage (numba, aiohttp, ...); ``fleetpulse
+    agent`` must stay small on every GPU host, so ``main`` imports just the command it runs.
+    """
     parser = argparse.ArgumentParser(
         prog="fleetpulse",
         description="GPU-fleet telemetry: agent, aggregator, detector, load generator, queries.",
     )
     parser.add_argument("--version", action="version", version=f"fleetpulse {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else (only,):
         importlib.import_module(f"fleetpulse.commands.{name}").register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    first = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(first if first in COMMANDS else None)
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:
