@@ -81,7 +81,7 @@ class FleetModel:
                 raise ValueError(f"fault {f.kind} names GPUs outside the fleet: {f.gpus}")
         self.tick = 0
         g, n = topology.gpus, topology.nodes
-        # Seeded by (seed, first node): a one-node slice of a fleet is its own stream.
+        # Seeded by (seed, first node, size): a one-node slice of a fleet is its own stream.
         rng = np.random.default_rng([seed, topology.first_node, g])
         self.rng = rng
         self.uuids: tuple[str, ...] = tuple(
