@@ -1,8 +1,8 @@
-"""From dense per-level window arrays to store appends, one group per (rack, level).
+"""From dense per-level window arrays to store appends, one group per (rack, level, metric).
 
 A *group* is a set of series written together (the store stores its timestamps once and
-keeps it as one open chunk): here all series of one level inside one rack (or row), i.e.
-entities x the metrics seen there x the aggregates of each metric's kind. Its layout is
+keeps it as one open chunk): here the series of one level inside one rack for one metric,
+i.e. entities x the aggregates of the metric's kind (the caller picks the grouping). Its layout is
 computed once per topology change (:func:`build_groups`) and every window is then a single
 fancy-index gather per level plus one append per group.
 """

@@ -43,6 +43,7 @@ __all__ = ["TIER_NAMES", "QueryEngine", "QueryError", "QueryLimits", "SeriesResu
 TIER_NAMES: Final = ("raw", "10s", "1m", "1h", "1d")
 _QUANTILE = re.compile(r"p(\d{1,2}(?:\.\d+)?)")
 _SKETCH_LEVELS: Final = ("rack", "row", "cluster")
+_VIRTUAL_CODE: Final = {"avg": 1, "stddev": 2}
 _SLOT_VALUES = slot_value(np.arange(N_SLOTS, dtype=np.int64))
 _MERGE: Final = {"count": "sum", "sum": "sum", "sumsq": "sum", "increase": "sum",
                  "min": "min", "max": "max", "last": "last"}
@@ -104,6 +105,7 @@ class QueryEngine:
         self.index = index
         self.limits = limits or QueryLimits()
         self.now_fn = now_fn
+        self._labels: dict[tuple[int, int, bool], dict[str, str]] = {}
         """Data time in ms (the newest sample seen) that retention is measured against;
         None -> the query's end. Wall-clock time would be wrong for replayed history."""
 
@@ -168,12 +170,25 @@ class QueryEngine:
         return out
 
     def labels_of(self, res: _Resolved, keep_name: bool = True) -> list[dict[str, str]]:
+        """Label sets of resolved series; shared, cached dicts: callers must not mutate them.
+
+        A heatmap asks for 10,000 of them per request, so they are built once per series.
+        """
         out = []
-        for e, m, a in zip(res.eids.tolist(), res.mids.tolist(), res.aggs, strict=True):
-            lab = self.index.labels(e)
-            lab["agg"] = a
-            if keep_name:
-                lab["__name__"] = BY_ID[m].name
+        cache = self._labels
+        codes = [AGG_CODES.get(a, 16 + _VIRTUAL_CODE.get(a, 0)) for a in res.aggs]
+        for e, m, a, code in zip(res.eids.tolist(), res.mids.tolist(), res.aggs, codes,
+                                 strict=True):
+            key = (e * ENTITY_STRIDE + m * AGG_SLOTS, code, keep_name)
+            lab = cache.get(key)
+            if lab is None or lab.get("agg") != a:
+                lab = self.index.labels(e)
+                lab["agg"] = a
+                if keep_name:
+                    lab["__name__"] = BY_ID[m].name
+                if len(cache) > 1_000_000:
+                    cache.clear()
+                cache[key] = lab
             out.append(lab)
         return out
 
@@ -201,50 +216,78 @@ class QueryEngine:
         return order[i]
 
     # ----------------------------------------------------------------- evaluation
-    def _read_stored(self, tier: str, res: _Resolved, sel: npt.NDArray[np.bool_], agg: str,
-                     op: str, t0: int, step: int, span: int, n: int) -> F64:
-        sids = (res.eids[sel] * ENTITY_STRIDE + res.mids[sel] * AGG_SLOTS
-                + AGG_CODES["raw" if tier == "raw" else agg])
-        r = self.store.read(tier, sids, t0 - span, t0 + (n - 1) * step)
-        if tier == "raw" and agg == "count":
-            op = "count"
-        elif tier == "raw" and agg == "sumsq":
-            r = type(r)(r.series_ids, r.offsets, r.ts, r.values * r.values)
-        return step_reduce(r.ts, r.values, r.offsets, t0, step, span, n, OPS[op])
-
     def _series_values(self, tier: str, res: _Resolved, t0: int, step: int, n: int) -> F64:
+        """Values of every resolved series on the output grid, with ONE store read.
+
+        Each requested aggregate needs one or more stored ones (avg = sum / count, stddev
+        also sumsq, pNN the sketch); all their series ids go to the store together, so
+        every record is checksummed and decoded once however many aggregates use it.
+        """
         out = np.full((res.eids.size, n), np.nan)
         width = self.store.tiers[tier].resolution_ms
         span = max(step, width) if tier != "raw" else step
         aggs = np.asarray(res.aggs, dtype=object)
+        plan: list[tuple[str, npt.NDArray[np.bool_], list[str]]] = []
         for agg in np.unique(aggs).tolist():
             sel = aggs == agg
             if agg in _MERGE or agg == "raw":
+                needs = ["last" if agg == "raw" else agg]
+            elif agg == "avg":
+                needs = ["sum", "count"]
+            elif agg == "stddev":
+                needs = ["sum", "count", "sumsq"]
+            elif _QUANTILE.fullmatch(agg) and tier != "raw":
+                needs = ["sketch"]
+            else:
+                continue
+            plan.append((agg, sel, needs))
+        blocks: list[I64] = []
+        for _, sel, needs in plan:
+            for need in needs:
+                code = AGG_CODES["raw" if tier == "raw" else need]
+                blocks.append(res.eids[sel] * ENTITY_STRIDE + res.mids[sel] * AGG_SLOTS + code)
+        if not blocks:
+            return out
+        r = self.store.read(tier, np.concatenate(blocks), t0 - span, t0 + (n - 1) * step)
+        pos = 0
+
+        def take(op: str, square: bool = False) -> F64:
+            nonlocal pos
+            k = int(np.count_nonzero(sel))
+            a, b = int(r.offsets[pos]), int(r.offsets[pos + k])
+            offs = r.offsets[pos:pos + k + 1] - a
+            vals = r.values[a:b] * r.values[a:b] if square else r.values[a:b]
+            pos += k
+            return step_reduce(r.ts[a:b], vals, offs, t0, step, span, n, OPS[op])
+
+        for agg, sel, _needs in plan:
+            raw = tier == "raw"
+            if agg == "raw" or agg in _MERGE:
                 base = "last" if agg == "raw" else agg
                 op = _MERGE[base]
-                if tier == "raw":
-                    op = {"count": "count", "sum": "sum", "sumsq": "sum", "increase": "sum"}.get(
-                        base, op)
-                out[sel] = self._read_stored(tier, res, sel, base, op, t0, step, span, n)
+                if raw:
+                    op = {"count": "count", "sum": "sum", "sumsq": "sum",
+                          "increase": "sum"}.get(base, op)
+                out[sel] = take(op, square=raw and base == "sumsq")
             elif agg in ("avg", "stddev"):
-                s = self._read_stored(tier, res, sel, "sum", "sum", t0, step, span, n)
-                c = self._read_stored(tier, res, sel, "count", "sum", t0, step, span, n)
+                s = take("sum")
+                c = take("count" if raw else "sum")
                 with np.errstate(invalid="ignore", divide="ignore"):
                     mean = s / c
                     if agg == "avg":
                         out[sel] = mean
                     else:
-                        sq = self._read_stored(tier, res, sel, "sumsq", "sum", t0, step, span, n)
+                        sq = take("sum", square=raw)
                         out[sel] = np.sqrt(np.maximum(sq / c - mean * mean, 0.0))
             else:
+                k = int(np.count_nonzero(sel))
+                a, b = int(r.offsets[pos]), int(r.offsets[pos + k])
                 q = _QUANTILE.fullmatch(agg)
-                if q is None or tier == "raw":
-                    continue
-                sids = (res.eids[sel] * ENTITY_STRIDE + res.mids[sel] * AGG_SLOTS
-                        + AGG_CODES["sketch"])
-                r = self.store.read(tier, sids, t0 - span, t0 + (n - 1) * step)
-                out[sel] = sketch_quantiles(r.ts, r.values, r.offsets, width, t0, step, span, n,
-                                            float(q.group(1)) / 100.0, _SLOT_VALUES)
+                assert q is not None
+                out[sel] = sketch_quantiles(r.ts[a:b], r.values[a:b],
+                                            r.offsets[pos:pos + k + 1] - a, width, t0, step,
+                                            span, n, float(q.group(1)) / 100.0, _SLOT_VALUES)
+                pos += k
         return out
 
     def _eval(self, expr: Selector | Aggregate, tier: str, t0: int, step: int,

@@ -304,7 +304,13 @@ class RackStage:
 
     # ------------------------------------------------------------- closing
     def _layout_groups(self, partition: int) -> tuple[list[GroupSpec], I64]:
-        """Group specs for the gpu, node and rack levels + the rack sketch series ids."""
+        """Group specs for the gpu, node and rack levels + the rack sketch series ids.
+
+        A group is (rack, level, metric): the store checksums and decodes whole records, so
+        a group must not be much wider than what one query reads (one metric of a GPU, of
+        a rack, or of every GPU for a heatmap), yet wide enough that a window is a few
+        hundred appends, not one per series.
+        """
         cached = self._groups.get(partition)
         if cached is not None and cached[0] == self.topo.version:
             return cached[1], cached[2]
@@ -316,9 +322,11 @@ class RackStage:
             cols = np.flatnonzero(self.topo.rack_metrics[r])
             nodes = np.flatnonzero(lay.node_rack == ri)
             gpus = np.flatnonzero(np.isin(node_of_gpu, nodes))
-            gpu_groups.append((gpus, lay.gpu_eids[gpus], cols))
-            node_groups.append((nodes, lay.node_eids[nodes], cols))
-            rack_groups.append((np.asarray([ri]), lay.rack_eids[ri:ri + 1], cols))
+            for c in cols.tolist():  # one group per metric: reads decode only that metric
+                one = np.asarray([c])
+                gpu_groups.append((gpus, lay.gpu_eids[gpus], one))
+                node_groups.append((nodes, lay.node_eids[nodes], one))
+                rack_groups.append((np.asarray([ri]), lay.rack_eids[ri:ri + 1], one))
             gcols = cols[_GAUGE[cols]]
             sketch.append(int(lay.rack_eids[ri]) * ENTITY_STRIDE + gcols * AGG_SLOTS
                           + AGG_CODES["sketch"])

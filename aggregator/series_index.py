@@ -71,6 +71,7 @@ class EntityIndex:
         self._codes = np.zeros((len(ENTITY_LABELS), 1024), np.int32)
         self.metrics = np.zeros((1024, METRIC_SLOTS), bool)
         self._dirty = False
+        self._labels: dict[int, dict[str, str]] = {}
         self._fh = None
         if self._path is not None:
             self._path.parent.mkdir(parents=True, exist_ok=True)
@@ -191,5 +192,9 @@ class EntityIndex:
         return np.flatnonzero(mask).astype(np.int64)
 
     def labels(self, eid: int) -> dict[str, str]:
-        """Non-empty labels of one entity."""
-        return {k: v for k, v in zip(ENTITY_LABELS, self.keys[eid], strict=True) if v}
+        """Non-empty labels of one entity (a fresh dict the caller may extend)."""
+        cached = self._labels.get(eid)
+        if cached is None:
+            cached = self._labels[eid] = {
+                k: v for k, v in zip(ENTITY_LABELS, self.keys[eid], strict=True) if v}
+        return cached.copy()
