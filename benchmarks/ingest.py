@@ -578,6 +578,10 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 5)
     await monitor.close()
+    if args.logs:
+        args.logs.mkdir(parents=True, exist_ok=True)
+        for name, lines in errs.items():
+            (args.logs / f"{name.replace('#', '-')}.stderr.log").write_text("\n".join(lines) + "\n")
     probe_stop.set()
     if probe_task is not None:
         with contextlib.suppress(Exception):
@@ -806,6 +810,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true", help="lag every second on stderr")
     p.add_argument("--no-write", action="store_true", help="do not write the results file")
     p.add_argument("--out", type=Path, default=RESULTS, help="results file (JSON)")
+    p.add_argument("--logs", type=Path, help="keep every process's stderr in this folder")
     p.add_argument("--decode-consumer", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--topic-prefix", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
