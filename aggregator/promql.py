@@ -138,7 +138,13 @@ class _Parser:
                 if op not in ("=", "!=", "=~", "!~"):
                     raise PromQLError(f"expected a matcher operator at position {p}")
                 self.i += 1
-                matchers.append((label, op, _unquote(self.take(kind="str"))))
+                value = _unquote(self.take(kind="str"))
+                if op in ("=~", "!~"):
+                    try:
+                        re.compile(value)
+                    except re.error as exc:
+                        raise PromQLError(f"invalid regular expression {value!r}: {exc}") from None
+                matchers.append((label, op, value))
                 if self.peek()[1] == ",":
                     self.i += 1
                 elif self.peek()[1] != "}":
