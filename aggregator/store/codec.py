@@ -100,7 +100,7 @@ C_DOD: Final = 5
 E_MIN: Final = -15
 E_MAX: Final = 15
 N_LIMIT: Final = 1 << 53
-PAD: Final = 16
+PAD: Final = 32  # zero bytes after a blob: a bit reader may look 66 bits past a stream
 MAX_LAG: Final = 8
 NEG_ZERO: Final = np.uint64(1 << 63)
 
@@ -194,24 +194,34 @@ def _ctz(x: np.uint64) -> int:  # pragma: no cover - numba
 # ---------------------------------------------------------------------------- bit reader
 
 
-@nb.njit(inline="always", cache=True)
-def _peek(buf: np.ndarray, bitpos: int) -> np.uint64:  # pragma: no cover - numba
-    """The 64 bits starting at ``bitpos`` (buffer padded with >= 9 zero bytes)."""
-    b = bitpos >> 3
-    r = bitpos & 7
-    v = U64(0)
-    for i in range(8):
-        v = (v << U64(8)) | U64(buf[b + i])
-    if r:
-        v = (v << U64(r)) | (U64(buf[b + 8]) >> U64(8 - r))
-    return v
+@nb.njit(cache=True)
+def _be_words(buf: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    """The buffer as big-endian 64-bit words (its length is a multiple of 8), so reading
+    any 64 bits of a stream is two loads and two shifts."""
+    words = np.empty(buf.size // 8, np.uint64)
+    for j in range(words.size):
+        v = U64(0)
+        for i in range(8):
+            v = (v << U64(8)) | U64(buf[8 * j + i])
+        words[j] = v
+    return words
 
 
 @nb.njit(inline="always", cache=True)
-def _get(buf: np.ndarray, bitpos: int, nbits: int) -> np.uint64:  # pragma: no cover - numba
+def _peek(words: np.ndarray, bitpos: int) -> np.uint64:  # pragma: no cover - numba
+    """The 64 bits starting at ``bitpos`` (the buffer ends in >= 2 zero words)."""
+    j = bitpos >> 6
+    r = bitpos & 63
+    if r == 0:
+        return words[j]
+    return (words[j] << U64(r)) | (words[j + 1] >> U64(64 - r))
+
+
+@nb.njit(inline="always", cache=True)
+def _get(words: np.ndarray, bitpos: int, nbits: int) -> np.uint64:  # pragma: no cover - numba
     if nbits == 0:
         return U64(0)
-    return _peek(buf, bitpos) >> U64(64 - nbits)
+    return _peek(words, bitpos) >> U64(64 - nbits)
 
 
 @nb.njit(inline="always", cache=True)
@@ -269,7 +279,7 @@ def _enc_ts(ts: np.ndarray, buf: np.ndarray, pos: int) -> int:  # pragma: no cov
 
 
 @nb.njit(cache=True)
-def _dec_ts(buf: np.ndarray, pos: int, end: int, n: int, out: np.ndarray) -> int:  # pragma: no cover
+def _dec_ts(buf: np.ndarray, words: np.ndarray, pos: int, end: int, n: int, out: np.ndarray) -> int:  # pragma: no cover
     """Read tsec into ``out[:n]``; returns the new position or -1 when malformed."""
     if pos >= end or buf[pos] != TS_DOD:
         return -1
@@ -278,13 +288,13 @@ def _dec_ts(buf: np.ndarray, pos: int, end: int, n: int, out: np.ndarray) -> int
         return -1
     bit = pos * 8
     stop = (pos + np.int64(nbytes)) * 8
-    out[0] = np.int64(_peek(buf, bit))
+    out[0] = np.int64(_peek(words, bit))
     bit += 64
     prev_d = np.int64(0)
     for i in range(1, n):
         if bit > stop:
             return -1
-        top = _peek(buf, bit)
+        top = _peek(words, bit)
         if (top >> U64(63)) == U64(0):
             z = U64(0)
             bit += 1
@@ -299,7 +309,7 @@ def _dec_ts(buf: np.ndarray, pos: int, end: int, n: int, out: np.ndarray) -> int
             bit += 16
         else:
             bit += 4
-            z = _peek(buf, bit)
+            z = _peek(words, bit)
             bit += 64
         prev_d = prev_d + _unzz(z)
         out[i] = out[i - 1] + prev_d
@@ -350,13 +360,13 @@ def _enc_xor(bits: np.ndarray, buf: np.ndarray, pos: int) -> int:  # pragma: no 
 
 
 @nb.njit(cache=True)
-def _dec_xor(buf: np.ndarray, pos: int, end: int, n: int, out: np.ndarray) -> int:  # pragma: no cover
+def _dec_xor(buf: np.ndarray, words: np.ndarray, pos: int, end: int, n: int, out: np.ndarray) -> int:  # pragma: no cover
     nbytes, pos = _rvarint(buf, pos, end)
     if pos < 0 or pos + np.int64(nbytes) > end:
         return -1
     bit = pos * 8
     stop = (pos + np.int64(nbytes)) * 8
-    cur = _peek(buf, bit)
+    cur = _peek(words, bit)
     out[0] = cur
     bit += 64
     plz = 0
@@ -364,15 +374,15 @@ def _dec_xor(buf: np.ndarray, pos: int, end: int, n: int, out: np.ndarray) -> in
     for i in range(1, n):
         if bit > stop:
             return -1
-        top = _peek(buf, bit)
+        top = _peek(words, bit)
         if (top >> U64(63)) == U64(0):
             bit += 1
         elif (top >> U64(62)) == U64(0b10):
             if psig == 0:
                 return -1
             bit += 2
-            x = _get(buf, bit, psig) if psig <= 56 else (
-                (_get(buf, bit, psig - 32) << U64(32)) | _get(buf, bit + psig - 32, 32))
+            x = _get(words, bit, psig) if psig <= 56 else (
+                (_get(words, bit, psig - 32) << U64(32)) | _get(words, bit + psig - 32, 32))
             bit += psig
             cur ^= x << U64(64 - plz - psig)
         else:
@@ -383,8 +393,8 @@ def _dec_xor(buf: np.ndarray, pos: int, end: int, n: int, out: np.ndarray) -> in
             if lz + sig > 64:
                 return -1
             bit += 13
-            x = _get(buf, bit, sig) if sig <= 56 else (
-                (_get(buf, bit, sig - 32) << U64(32)) | _get(buf, bit + sig - 32, 32))
+            x = _get(words, bit, sig) if sig <= 56 else (
+                (_get(words, bit, sig - 32) << U64(32)) | _get(words, bit + sig - 32, 32))
             bit += sig
             cur ^= x << U64(64 - lz - sig)
             plz = lz
@@ -543,7 +553,7 @@ def _write_stream(z: np.ndarray, m: int, c: int, widths: np.ndarray, nbits: int,
 
 
 @nb.njit(cache=True)
-def _read_stream(buf: np.ndarray, pos: int, end: int, m: int, out: np.ndarray) -> int:
+def _read_stream(buf: np.ndarray, words: np.ndarray, pos: int, end: int, m: int, out: np.ndarray) -> int:
     # pragma: no cover - numba
     """Read a stream of m zigzagged values into out[:m] (as int64); new pos or -1."""
     nbytes, pos = _rvarint(buf, pos, end)
@@ -569,7 +579,7 @@ def _read_stream(buf: np.ndarray, pos: int, end: int, m: int, out: np.ndarray) -
         if c == 1:
             w = w0
         else:
-            top = _peek(buf, bit)
+            top = _peek(words, bit)
             if (top >> U64(63)) == U64(0):
                 w = w0
                 bit += 1
@@ -583,9 +593,9 @@ def _read_stream(buf: np.ndarray, pos: int, end: int, m: int, out: np.ndarray) -
                 w = w2
                 bit += 2
         if w <= 56:
-            z = _get(buf, bit, w)
+            z = _get(words, bit, w)
         else:
-            z = (_get(buf, bit, w - 32) << U64(32)) | _get(buf, bit + w - 32, 32)
+            z = (_get(words, bit, w - 32) << U64(32)) | _get(words, bit + w - 32, 32)
         bit += w
         out[i] = _unzz(z)
     if bit > stop:
@@ -706,7 +716,7 @@ def _best_lag(x: np.ndarray, f: int, n: int) -> int:  # pragma: no cover - numba
 
 
 @nb.njit(cache=True)
-def _skip_or_dec_column(buf: np.ndarray, pos: int, end: int, n: int, out: np.ndarray,
+def _skip_or_dec_column(buf: np.ndarray, words: np.ndarray, pos: int, end: int, n: int, out: np.ndarray,
                         tmp: np.ndarray, decode: bool) -> int:  # pragma: no cover - numba
     """Decode (or just skip) one column at ``pos`` into the uint64 bit patterns ``out``."""
     if pos >= end:
@@ -728,7 +738,7 @@ def _skip_or_dec_column(buf: np.ndarray, pos: int, end: int, n: int, out: np.nda
             if p < 0 or p + np.int64(nbytes) > end:
                 return -1
             return p + np.int64(nbytes)
-        return _dec_xor(buf, pos, end, n, out)
+        return _dec_xor(buf, words, pos, end, n, out)
     if tag != C_CONST_INT and tag != C_DELTA and tag != C_DOD:
         return -1
     if pos >= end:
@@ -768,7 +778,7 @@ def _skip_or_dec_column(buf: np.ndarray, pos: int, end: int, n: int, out: np.nda
         c = np.int64(buf[p])
         p2 = p + 1 + c + np.int64(nbytes)
         return -1 if c < 1 or c > 3 or p2 > end else p2
-    pos = _read_stream(buf, pos, end, m, tmp)
+    pos = _read_stream(buf, words, pos, end, m, tmp)
     if pos < 0:
         return -1
     # rebuild m[i] (delta) or d[i] (dod) in place in tmp, shifted by one: tmp[i-1] <-> i
@@ -850,7 +860,7 @@ def _dec_header(buf: np.ndarray, pos: int, end: int) -> tuple[int, int, int]:  #
 
 
 @nb.njit(cache=True)
-def _dec_group(buf: np.ndarray, pos: int, end: int, which: np.ndarray, ts_out: np.ndarray,
+def _dec_group(buf: np.ndarray, words: np.ndarray, pos: int, end: int, which: np.ndarray, ts_out: np.ndarray,
                out: np.ndarray) -> int:  # pragma: no cover - numba
     """Decode the columns marked in ``which`` (k bools) of the group at ``pos``.
 
@@ -860,17 +870,17 @@ def _dec_group(buf: np.ndarray, pos: int, end: int, which: np.ndarray, ts_out: n
         return -1
     if n == 0:
         return pos
-    pos = _dec_ts(buf, pos, end, n, ts_out)
+    pos = _dec_ts(buf, words, pos, end, n, ts_out)
     if pos < 0:
         return -1
     tmp = np.empty(n, np.int64)
     r = 0
     for j in range(k):
         if which[j]:
-            pos = _skip_or_dec_column(buf, pos, end, n, out[r], tmp, True)
+            pos = _skip_or_dec_column(buf, words, pos, end, n, out[r], tmp, True)
             r += 1
         else:
-            pos = _skip_or_dec_column(buf, pos, end, n, out[0], tmp, False)
+            pos = _skip_or_dec_column(buf, words, pos, end, n, out[0], tmp, False)
         if pos < 0:
             return -1
     return pos
@@ -882,11 +892,12 @@ def _dec_groups(buf: np.ndarray, offsets: np.ndarray, ts_out: np.ndarray,
     """Decode G groups of equal shape: ts_out (G, T), out (G, k, T); returns 0 or -1-index."""
     k = out.shape[1]
     which = np.ones(k, np.bool_)
+    words = _be_words(buf)
     for gi in range(offsets.size - 1):
         p, kk, n = _dec_header(buf, offsets[gi], offsets[gi + 1])
         if p < 0 or kk != k or n != ts_out.shape[1]:
             return -1 - gi
-        if _dec_group(buf, offsets[gi], offsets[gi + 1], which, ts_out[gi], out[gi]) != offsets[
+        if _dec_group(buf, words, offsets[gi], offsets[gi + 1], which, ts_out[gi], out[gi]) != offsets[
                 gi + 1]:
             return -1 - gi
     return 0
@@ -943,9 +954,10 @@ def encode_group(ts: npt.ArrayLike, values: npt.ArrayLike) -> bytes:
 
 
 def _padded(blob: bytes | np.ndarray) -> tuple[np.ndarray, int]:
+    """A copy with >= PAD zero bytes after it, a whole number of 8-byte words long."""
     raw = np.frombuffer(blob, dtype=np.uint8) if isinstance(blob, bytes | bytearray | memoryview) \
         else np.asarray(blob, dtype=np.uint8)
-    buf = np.zeros(raw.size + PAD, np.uint8)
+    buf = np.zeros((raw.size + PAD + 7) // 8 * 8, np.uint8)
     buf[:raw.size] = raw
     return buf, raw.size
 
@@ -981,7 +993,7 @@ def decode_group(blob: bytes, columns: npt.ArrayLike | None = None
     uniq = np.flatnonzero(which)
     ts = np.empty(n, np.int64)
     out = np.empty((uniq.size, n), np.uint64)
-    got = _dec_group(buf, 0, end, which, ts, out)
+    got = _dec_group(buf, _be_words(buf), 0, end, which, ts, out)
     if got != end:
         raise CodecError(f"corrupt chunk of {end} bytes (k={k}, T={n}): decoding stopped at {got}")
     vals = out.view(np.float64)
@@ -1044,10 +1056,11 @@ def decode_gorilla(blob: bytes) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.f
     ts = np.empty(int(n), np.int64)
     out = np.empty(int(n), np.uint64)
     if n:
-        pos = _dec_ts(buf, pos, end, int(n), ts)
+        words = _be_words(buf)
+        pos = _dec_ts(buf, words, pos, end, int(n), ts)
         if pos < 0 or pos >= end or buf[pos] != C_XOR:
             raise CodecError(f"corrupt Gorilla series ({end} bytes)")
-        pos = _dec_xor(buf, pos + 1, end, int(n), out)
+        pos = _dec_xor(buf, words, pos + 1, end, int(n), out)
     if pos != end:
         raise CodecError(f"corrupt Gorilla series ({end} bytes): stopped at {pos}")
     return ts, out.view(np.float64)
@@ -1072,7 +1085,8 @@ def column_layout(blob: bytes) -> tuple[int, list[int], list[int]]:
     if n == 0:
         return int(pos), [], []
     ts = np.empty(n, np.int64)
-    pos = _dec_ts(buf, pos, end, n, ts)
+    words = _be_words(buf)
+    pos = _dec_ts(buf, words, pos, end, n, ts)
     head = pos
     tags: list[int] = []
     sizes: list[int] = []
@@ -1082,7 +1096,7 @@ def column_layout(blob: bytes) -> tuple[int, list[int], list[int]]:
         if pos < 0:
             raise CodecError("corrupt chunk")
         tags.append(int(buf[pos]))
-        nxt = _skip_or_dec_column(buf, pos, end, n, scratch, tmp, False)
+        nxt = _skip_or_dec_column(buf, words, pos, end, n, scratch, tmp, False)
         sizes.append(int(nxt - pos))
         pos = nxt
     if pos != end:
