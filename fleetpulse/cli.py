@@ -26,6 +26,7 @@ COMMANDS: Final[tuple[str, ...]] = (
     "alerts",
     "detector",
     "bench",
+    "demo",
 )
 
 
