@@ -95,11 +95,13 @@ async def follow_alerts(
     *,
     group_id: str = "fleetpulse-web",
     stop: asyncio.Event | None = None,
+    on_record: Callable[[AlertRecord], None] | None = None,
 ) -> None:
     """Feed ``board`` from the alerts topic until ``stop`` is set (or the task is cancelled).
 
     Undecodable records go to the dead-letter topic with the reason and are counted; the
     page keeps working. Offsets are committed as read: the board is a view, not a store.
+    ``on_record`` sees every decoded record too (the demo's terminal view and scorecard).
     """
     consumer = transport.consumer([topics.alerts], group_id, from_beginning=True)
     try:
@@ -107,11 +109,15 @@ async def follow_alerts(
             batch = await consumer.getmany(timeout_ms=200, max_records=1000)
             for msg in batch:
                 try:
-                    board.add(AlertRecord.from_bytes(msg.value))
+                    record = AlertRecord.from_bytes(msg.value)
                 except DecodeError as exc:
                     board.bad_records += 1
                     log.warning("alerts topic: %s", exc)
                     await transport.dead_letter(topics.deadletter, msg, str(exc))
+                    continue
+                board.add(record)
+                if on_record is not None:
+                    on_record(record)
             if batch:
                 await consumer.commit()
     finally:
