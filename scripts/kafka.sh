@@ -59,8 +59,14 @@ while [[ $# -gt 0 ]]; do
         *) say "unknown argument: $1"; usage ;;
     esac
 done
-mkdir -p "$DIR"
-DIR="$(cd "$DIR" && pwd)"
+case "$CMD" in
+    start) mkdir -p "$DIR" ;;
+    stop|status) ;;
+    -h|--help|help) usage ;;
+    *) say "unknown command: $CMD"; usage ;;
+esac
+# An absolute path: it is matched against the broker's command line.
+DIR="$(python3 -c 'import os, sys; print(os.path.abspath(sys.argv[1]))' "$DIR")"
 PIDFILE="$DIR/broker.pid"
 WATCHFILE="$DIR/watchdog.pid"
 PROPS="$DIR/server.properties"
