@@ -635,6 +635,8 @@ def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, in
     g = np.int64(0)
     for i in range(1, n):
         g = _gcd(g, abs(ints[i] - n0))
+        if g == 1:  # common for noisy readings; saves two 64-bit divisions per value
+            break
     # in place: ints[i] = m[i] = (n[i] - n0) / g; dd[i] = m[i] - m[i-1] (i >= 1)
     for i in range(n):
         ints[i] = (ints[i] - n0) // g
