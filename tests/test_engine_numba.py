@@ -131,3 +131,17 @@ def test_invalid_sample_groups_are_rejected() -> None:
         NumbaEngine(EngineConfig(dims=2, trees=10, sample_groups=3))
     with pytest.raises(ValueError, match="reservoir per tree"):
         make_engine("krcf", EngineConfig(dims=2, trees=10, sample_groups=2))
+
+
+def test_damaged_checkpoints_are_refused_not_run() -> None:
+    cfg = EngineConfig(dims=3, shingle=2, trees=4, sample_size=16, seed=6)
+    engine = NumbaEngine(cfg)
+    feed(engine, wavy(200, 1, 3, seed=6))
+    good = bytearray(engine.checkpoint(0))
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 0x40
+    with pytest.raises(ValueError, match="CRC"):
+        engine.restore(0, bytes(flipped))
+    with pytest.raises(ValueError, match=r"truncated|arena bytes|CRC"):
+        engine.restore(0, bytes(good[:-7]))
+    engine.restore(0, bytes(good))  # the intact bytes still load

@@ -43,8 +43,8 @@ class EngineConfig:
     trees of one group share its sample (``trees`` = AWS's one reservoir per tree). None
     means the engine's default: one per tree for krcf (the only layout it has), one shared
     reservoir for numba: 50 independent reservoirs keep ~5,600 distinct points per model
-    (about 600 KB) where one keeps 256, and benchmarks/forest.py measures no loss in score
-    agreement or detection (see the README's detector section)."""
+    (about 600 KB) where one keeps 256, and ``python -m benchmarks.forest`` measures no
+    loss in agreement with krcf or in detection (benchmarks/results/forest.json)."""
 
     def validate(self) -> None:
         if self.dims < 1 or self.shingle < 1 or self.trees < 1 or self.sample_size < 4:

@@ -11,6 +11,7 @@ Checkpoint layout of one model (little-endian), version 1::
     u8       version
     u8 x 3   dtype codes of cut_dim, child codes, point ids (see _DTYPE_CODES)
     u32 x 7  dims, shingle, trees, sample_size, groups, point ids, arena floats stored
+    u32      CRC-32 of everything after the header (a damaged file is refused, never run)
     then the arrays of ``_FIELDS`` in order, each exactly the model's slice, except the
     arena, which is compacted first and stored up to its end. The cached top-level boxes
     are derived state: not stored, recomputed on restore.
@@ -19,6 +20,7 @@ Checkpoint layout of one model (little-endian), version 1::
 from __future__ import annotations
 
 import struct
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +33,7 @@ __all__ = ["ForestArrays"]
 
 _MAGIC = b"FPNR"
 _VERSION = 1
-_HEADER = struct.Struct("<4sB3B7I")
+_HEADER = struct.Struct("<4sB3B8I")
 _DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.uint16): 2, np.dtype(np.int16): 3,
                 np.dtype(np.int32): 4}
 # Per-model arrays in checkpoint order (the arena is handled separately).
@@ -206,19 +208,20 @@ class ForestArrays:
                               self.layout.dim)
         end = int(self.meta[m, kernels.META_ARENA_END])
         lay = self.layout
-        parts = [_HEADER.pack(_MAGIC, _VERSION, _DTYPE_CODES[lay.cut_dim],
-                              _DTYPE_CODES[lay.child], _DTYPE_CODES[lay.pid],
-                              *self._header_fields(end))]
-        parts += [np.ascontiguousarray(getattr(self, name)[m]).astype(
+        parts = [np.ascontiguousarray(getattr(self, name)[m]).astype(
             getattr(self, name).dtype.newbyteorder("<"), copy=False).tobytes()
             for name in _FIELDS]
         parts.append(self.arena[m, :end].astype("<f4", copy=False).tobytes())
-        return b"".join(parts)
+        body = b"".join(parts)
+        header = _HEADER.pack(_MAGIC, _VERSION, _DTYPE_CODES[lay.cut_dim],
+                              _DTYPE_CODES[lay.child], _DTYPE_CODES[lay.pid],
+                              *self._header_fields(end), zlib.crc32(body))
+        return header + body
 
     def restore(self, m: int, data: bytes) -> None:
         if len(data) < _HEADER.size:
             raise ValueError(f"numba RCF checkpoint too short: {len(data)} bytes")
-        magic, version, c_dim, c_child, c_pid, *fields = _HEADER.unpack_from(data)
+        magic, version, c_dim, c_child, c_pid, *fields, crc = _HEADER.unpack_from(data)
         if magic != _MAGIC:
             raise ValueError(f"not a numba RCF checkpoint (magic {magic!r}, "
                              f"expected {_MAGIC!r})")
@@ -233,6 +236,8 @@ class ForestArrays:
             names = "dims, shingle, trees, sample_size, groups, point ids"
             raise ValueError(f"checkpoint is for ({names}) = {tuple(fields[:-1])}, "
                              f"engine has {expected[:-1]}")
+        if zlib.crc32(memoryview(data)[_HEADER.size :]) != crc:
+            raise ValueError("numba RCF checkpoint is damaged (CRC mismatch)")
         pos = _HEADER.size
         arrays = {}
         shapes = self._shapes()
@@ -254,6 +259,7 @@ class ForestArrays:
             0 <= meta[kernels.META_NPOINTS] <= lay.pids
         ):
             raise ValueError("numba RCF checkpoint is inconsistent (arena end, point count)")
+        _check_ranges(arrays, self.config, lay, arena_floats)
         self.ensure(m + 1)
         self._grow_arena(arena_floats + 2 * lay.dim)
         for name, array in arrays.items():
@@ -262,3 +268,29 @@ class ForestArrays:
         self.arena[m, :arena_floats] = arena
         kernels.rebuild_boxes(m, self.root, self.box, self.left, self.right, self.spid,
                               self.offset, self.arena)
+
+
+def _check_ranges(arrays: dict[str, npt.NDArray], config: EngineConfig, lay: _Layout,
+                  arena_floats: int) -> None:
+    """Refuse indices that would send a kernel outside its arrays (a CRC-valid file from a
+    buggy or foreign writer must still not crash the detector)."""
+    s = config.sample_size
+    problems = []
+    for name in ("root", "free_head", "left", "right"):
+        a = arrays[name].astype(np.int64)
+        if a.size and (a.min() < -(s + 1) or a.max() > s - 2):
+            problems.append(name)
+    if arrays["cut_dim"].size and int(arrays["cut_dim"].max()) >= lay.dim:
+        problems.append("cut_dim")
+    spid = arrays["spid"].astype(np.int64)
+    if spid.size and (spid.min() < -1 or spid.max() >= lay.pids):
+        problems.append("spid")
+    ssize = arrays["ssize"]
+    if ssize.min() < 0 or ssize.max() > s:
+        problems.append("ssize")
+    live = arrays["refcnt"] > 0
+    offsets = arrays["offset"][live].astype(np.int64)
+    if offsets.size and (offsets.min() < 0 or offsets.max() + lay.dim > arena_floats):
+        problems.append("offset")
+    if problems:
+        raise ValueError(f"numba RCF checkpoint has out-of-range {', '.join(problems)}")
