@@ -111,7 +111,7 @@ class _Pool:
     def ensure_gpus(self, n: int) -> None:
         if n > self.cap_gpus:
             while self.cap_gpus < n:
-                self.cap_gpus *= 2
+                self.cap_gpus *= 4  # growing copies every open window: do it rarely
             self._alloc(self.n_slots, self.cap_gpus)
 
     def slot(self, start: int) -> int:
@@ -151,6 +151,7 @@ class RackStage:
         self._raw_sids: dict[tuple[bytes, bytes], I64] = {}
         self._noted: set[tuple[bytes, bytes]] = set()
         self._groups: dict[int, tuple[int, list[GroupSpec], I64]] = {}
+        self._by_reducer: dict[int, tuple[int, dict[str, I64]]] = {}
 
     # ------------------------------------------------------------- partitions
     def assign(self, partition: int, ckpt: PartitionCheckpoint | None) -> int:
@@ -297,19 +298,23 @@ class RackStage:
         if n:
             codes = codes[:n]
             per_pool = n_racks * N_COLUMNS * N_SLOTS
-            slots = codes // per_pool
-            rest = codes % per_pool
-            for s in np.unique(slots).tolist():
-                pool.codes[s].append(rest[slots == s])
+            used = {p for p in ticks_pool if p >= 0}
+            if len(used) == 1:
+                pool.codes[used.pop()].append(codes % per_pool)
+            else:
+                slots = codes // per_pool
+                rest = codes % per_pool
+                for s in sorted(used):
+                    pool.codes[s].append(rest[slots == s])
 
     # ------------------------------------------------------------- closing
     def _layout_groups(self, partition: int) -> tuple[list[GroupSpec], I64]:
         """Group specs for the gpu, node and rack levels + the rack sketch series ids.
 
-        A group is (rack, level, metric): the store checksums and decodes whole records, so
-        a group must not be much wider than what one query reads (one metric of a GPU, of
-        a rack, or of every GPU for a heatmap), yet wide enough that a window is a few
-        hundred appends, not one per series.
+        GPU groups are (rack, metric): the store checksums and decodes whole records, so a
+        group must not be much wider than what one query reads (one metric of a GPU, or of
+        every GPU for a heatmap). Node and rack groups hold all metrics of a rack's nodes /
+        of the rack: few columns each, and fewer groups to flush.
         """
         cached = self._groups.get(partition)
         if cached is not None and cached[0] == self.topo.version:
@@ -322,11 +327,10 @@ class RackStage:
             cols = np.flatnonzero(self.topo.rack_metrics[r])
             nodes = np.flatnonzero(lay.node_rack == ri)
             gpus = np.flatnonzero(np.isin(node_of_gpu, nodes))
-            for c in cols.tolist():  # one group per metric: reads decode only that metric
-                one = np.asarray([c])
-                gpu_groups.append((gpus, lay.gpu_eids[gpus], one))
-                node_groups.append((nodes, lay.node_eids[nodes], one))
-                rack_groups.append((np.asarray([ri]), lay.rack_eids[ri:ri + 1], one))
+            for c in cols.tolist():  # per metric: a heatmap reads one metric of every GPU
+                gpu_groups.append((gpus, lay.gpu_eids[gpus], np.asarray([c])))
+            node_groups.append((nodes, lay.node_eids[nodes], cols))
+            rack_groups.append((np.asarray([ri]), lay.rack_eids[ri:ri + 1], cols))
             gcols = cols[_GAUGE[cols]]
             sketch.append(int(lay.rack_eids[ri]) * ENTITY_STRIDE + gcols * AGG_SLOTS
                           + AGG_CODES["sketch"])
@@ -334,6 +338,20 @@ class RackStage:
         sk = np.concatenate(sketch).astype(np.int64) if sketch else np.zeros(0, np.int64)
         self._groups[partition] = (self.topo.version, specs, sk)
         return specs, sk
+
+    def _reducer_sids(self, partition: int) -> dict[str, I64]:
+        """The partition's stored series by the reducer that derives coarser tiers (cached)."""
+        hit = self._by_reducer.get(partition)
+        if hit is not None and hit[0] == self.topo.version:
+            return hit[1]
+        specs, _ = self._layout_groups(partition)
+        acc: dict[str, list[I64]] = {}
+        for spec in specs:
+            for red, arrs in spec.by_reducer().items():
+                acc.setdefault(red, []).extend(arrs)
+        out = {r: np.concatenate(a) for r, a in acc.items()}
+        self._by_reducer[partition] = (self.topo.version, out)
+        return out
 
     def _restore_counters(self, part: _Part, partition: int) -> None:
         """Checkpointed counter state -> closed_last rows (after the layout is known)."""
@@ -365,12 +383,9 @@ class RackStage:
                 self.pool.release(start)
             self.stats.windows_closed += 1
             part.done.setdefault("base", start)
-        specs, sketch = self._layout_groups(partition)
-        by_reducer: dict[str, list[I64]] = {}
-        for spec in specs:
-            for red, arrs in spec.by_reducer().items():
-                by_reducer.setdefault(red, []).extend(arrs)
-        derive_tiers(self.store, by_reducer, sketch, part.done, due[-1] + WINDOW_MS)
+        _, sketch = self._layout_groups(partition)
+        derive_tiers(self.store, lambda: self._reducer_sids(partition), sketch, part.done,
+                     due[-1] + WINDOW_MS)
         return out
 
     def _close(self, partition: int, part: _Part, start: int) -> list[RollupFrame]:
@@ -427,9 +442,21 @@ class RackStage:
             return {}
         codes = np.concatenate(parts)
         per_rack = N_COLUMNS * N_SLOTS
-        mine = np.isin(codes // per_rack, racks)
-        self.pool.codes[pool_slot] = [codes[~mine]] if (~mine).any() else []
-        uniq, counts = np.unique(codes[mine], return_counts=True)
+        owner = np.zeros(max(self.topo.n_racks, 1), bool)
+        owner[racks] = True
+        mine = owner[codes // per_rack]
+        self.pool.codes[pool_slot] = [codes[~mine]] if not mine.all() else []
+        codes = codes[mine]
+        if codes.size == 0:
+            return {}
+        lo = int(codes.min())
+        span = int(codes.max()) - lo + 1
+        if span <= 4 * codes.size:  # counting beats sorting when the code range is dense
+            hist = np.bincount(codes - lo, minlength=span)
+            nz = np.flatnonzero(hist)
+            uniq, counts = nz + lo, hist[nz]
+        else:
+            uniq, counts = np.unique(codes, return_counts=True)
         out: dict[int, tuple[I64, I64, I64]] = {}
         if uniq.size == 0:
             return out

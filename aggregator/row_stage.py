@@ -183,8 +183,9 @@ class RowStage:
                 out.append(frame)
         for parent, end in sorted(ends.items()):
             t = part.tiers[parent]
-            by_reducer = {r: [np.fromiter(sorted(v), np.int64)] for r, v in t.sids.items()}
-            derive_tiers(self.store, by_reducer, np.fromiter(sorted(t.sketch_sids), np.int64),
+            def series(t: _ParentTiers = t) -> dict[str, I64]:
+                return {r: np.fromiter(sorted(v), np.int64) for r, v in t.sids.items()}
+            derive_tiers(self.store, series, np.fromiter(sorted(t.sketch_sids), np.int64),
                          t.done, end)
         return out
 

@@ -10,7 +10,7 @@ a crash between deriving and checkpointing costs a little work, never correctnes
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 import numpy as np
@@ -42,17 +42,18 @@ def merge_sketch_window(store: SeriesStore, src: str, dst: str, sids: npt.NDArra
         store.append(dst, sids[i:i + 1], start + uniq, counts[:, None])
 
 
-def derive_tiers(store: SeriesStore, by_reducer: Mapping[str, Iterable[npt.NDArray[np.int64]]],
+def derive_tiers(store: SeriesStore,
+                 series: Callable[[], Mapping[str, npt.NDArray[np.int64]]],
                  sketch_sids: npt.NDArray[np.int64], done: dict[str, int],
                  closed_end: int) -> None:
     """Derive every coarse window that ends at or before ``closed_end`` and is not done yet.
 
-    ``done[tier]`` is the end of the last derived window of ``tier`` (updated here); a tier
+    ``series()`` gives the stored series ids by reducer; it is called only if some window
+    is due. ``done[tier]`` is the end of the last derived window of ``tier`` (updated here); a tier
     missing from ``done`` starts at the window containing ``done["base"]`` (the first base
     window ever closed), which the caller seeds.
     """
-    reducers = {r: np.unique(np.concatenate(list(a))) if a else np.zeros(0, np.int64)
-                for r, a in ((r, list(v)) for r, v in by_reducer.items())}
+    reducers: Mapping[str, npt.NDArray[np.int64]] | None = None
     src_end = closed_end
     for src, dst in itertools.pairwise(ROLLUP_TIERS):
         res = store.tiers[dst].resolution_ms
@@ -65,6 +66,8 @@ def derive_tiers(store: SeriesStore, by_reducer: Mapping[str, Iterable[npt.NDArr
         end = src_end - src_end % res
         a = first
         while a + res <= end:
+            if reducers is None:
+                reducers = series()  # built only when a coarse window is actually due
             for reducer, sids in reducers.items():
                 if sids.size:
                     store.downsample(src, dst, sids, reducer, a, a + res)

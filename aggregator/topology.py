@@ -105,8 +105,11 @@ class Topology:
                     ("gpu", ident.cluster, ident.row, ident.rack, ident.node, str(g))))
                 self.version += 1
             out[i] = s
-        self.rack_of_gslot = np.asarray(
-            [self.node_rack[n] for n in self.gpu_node], np.int32)
+        if self.rack_of_gslot.size < len(self.gpu_node):
+            grown = np.empty(max(2 * self.rack_of_gslot.size, len(self.gpu_node), 64), np.int32)
+            grown[: self.rack_of_gslot.size] = self.rack_of_gslot
+            self.rack_of_gslot = grown
+        self.rack_of_gslot[out] = r
         self._layouts.clear()
         self._frame_cache[ck] = out
         return out

@@ -166,7 +166,8 @@ def _sketch_rows(rng: np.random.Generator, windows: int, center: float,
 
 
 def build_store(root: Path, gpus: int = 10_000) -> tuple[SeriesStore, EntityIndex, dict[str, str]]:
-    """A store with the aggregator's layout: groups per (rack, level, metric)."""
+    """A store with the aggregator's layout (GPU groups per rack and metric, rack groups per
+    rack)."""
     rng = np.random.default_rng(3)
     store = SeriesStore(StoreConfig(path=str(root / "store"), fsync=False))
     index = EntityIndex(root / "entities.jsonl")
@@ -203,8 +204,7 @@ def build_store(root: Path, gpus: int = 10_000) -> tuple[SeriesStore, EntityInde
     # drill-down: rack000's GPUs and the rack itself, 24 h of the 1 min tier
     rack_spec = build_groups([(np.arange(64), gpu_eids[:64], cols[i:i + 1])
                               for i in range(cols.size)])
-    rack_level = build_groups([(np.zeros(1, np.int64), np.asarray(rack_eids[:1]),
-                                cols[i:i + 1]) for i in range(cols.size)])
+    rack_level = build_groups([(np.zeros(1, np.int64), np.asarray(rack_eids[:1]), cols)])
     day0 = snap - DAY
     for w in range(1440):
         write_groups(store, "1m", day0 + w * 60_000, rack_spec, arrays(64, 60.0))
