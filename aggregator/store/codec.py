@@ -120,35 +120,42 @@ class CodecError(ValueError):
 @nb.njit(inline="always", cache=True)
 def _put(buf: np.ndarray, pos: int, acc: np.uint64, nacc: int, val: np.uint64,
          nbits: int) -> tuple[int, np.uint64, int]:  # pragma: no cover - numba
-    """Append the low ``nbits`` (<= 56) of ``val``; returns (pos, acc, nacc)."""
+    """Append the low ``nbits`` (<= 64) of ``val``; returns (pos, acc, nacc).
+
+    ``acc`` holds the last ``nacc`` (< 64) bits not yet stored; whole 64-bit words are
+    stored big-endian, so most calls are a shift and an or.
+    """
     if nbits == 0:
         return pos, acc, nacc
-    mask = (U64(1) << U64(nbits)) - U64(1)
-    acc = (acc << U64(nbits)) | (val & mask)
-    nacc += nbits
-    while nacc >= 8:
-        nacc -= 8
-        buf[pos] = np.uint8((acc >> U64(nacc)) & U64(0xFF))
-        pos += 1
-    return pos, acc, nacc
+    val &= U64(0xFFFFFFFFFFFFFFFF) >> U64(64 - nbits)
+    free = 64 - nacc
+    if nbits < free:
+        return pos, (acc << U64(nbits)) | val, nacc + nbits
+    spill = nbits - free
+    word = (val >> U64(spill)) if nacc == 0 else ((acc << U64(free)) | (val >> U64(spill)))
+    for i in range(8):
+        buf[pos + i] = np.uint8((word >> U64(56 - 8 * i)) & U64(0xFF))
+    if spill == 0:
+        return pos + 8, U64(0), 0
+    return pos + 8, val & ((U64(1) << U64(spill)) - U64(1)), spill
 
 
 @nb.njit(inline="always", cache=True)
 def _put64(buf: np.ndarray, pos: int, acc: np.uint64, nacc: int, val: np.uint64,
            nbits: int) -> tuple[int, np.uint64, int]:  # pragma: no cover - numba
-    """Append the low ``nbits`` (<= 64) of ``val``."""
-    if nbits > 32:
-        pos, acc, nacc = _put(buf, pos, acc, nacc, val >> U64(32), nbits - 32)
-        return _put(buf, pos, acc, nacc, val & U64(0xFFFFFFFF), 32)
+    """Append the low ``nbits`` (<= 64) of ``val`` (an alias kept for readability)."""
     return _put(buf, pos, acc, nacc, val, nbits)
 
 
 @nb.njit(inline="always", cache=True)
 def _finish(buf: np.ndarray, pos: int, acc: np.uint64, nacc: int) -> int:  # pragma: no cover
-    if nacc > 0:
-        buf[pos] = np.uint8((acc << U64(8 - nacc)) & U64(0xFF))
-        pos += 1
-    return pos
+    """Store the last ``nacc`` bits, padded with zero bits to a whole byte."""
+    if nacc == 0:
+        return pos
+    top = acc << U64(64 - nacc)
+    for i in range((nacc + 7) // 8):
+        buf[pos + i] = np.uint8((top >> U64(56 - 8 * i)) & U64(0xFF))
+    return pos + (nacc + 7) // 8
 
 
 @nb.njit(inline="always", cache=True)
