@@ -77,6 +77,7 @@ def shard_bytes(shard: DetectorShard, offsets: dict[str, int]) -> bytes:
     arrays.update(shard.rack_windows.state_arrays())
     arrays.update(shard.rack_bank.state_arrays("rack"))
     arrays["rack_of"] = shard.rack_of
+    arrays["last_anomalous_ms"] = shard.last_anomalous_ms
     arrays["gpu_blobs"], arrays["gpu_blob_ends"] = _blobs(shard.gpu_bank.engine,
                                                           len(shard.gpu_paths))
     arrays["rack_blobs"], arrays["rack_blob_ends"] = _blobs(shard.rack_bank.engine,
@@ -150,6 +151,7 @@ def restore_shard(shard: DetectorShard, data: bytes) -> dict[str, int]:
     shard.node_ids = {str(k): int(v) for k, v in meta["node_ids"].items()}
     shard.node_last_ts = {str(k): int(v) for k, v in meta["node_last_ts"].items()}
     shard.rack_of = np.array(arrays["rack_of"], dtype=np.int64)
+    shard.last_anomalous_ms = np.array(arrays["last_anomalous_ms"], dtype=np.int64)
     shard.last_ts_ms = int(meta["last_ts_ms"])
     shard.steps = int(meta["steps"])
     n, r = len(shard.gpu_paths), len(shard.rack_paths)

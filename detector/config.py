@@ -42,7 +42,7 @@ class ModelConfig:
     """Seed of the forests' random cuts (each model derives its own)."""
     z: float = 6.0
     """Threshold = running score mean + z * running score std ..."""
-    floor: float = 2.4
+    floor: float = 3.0
     """... but never below this score."""
     horizon: int = 2000
     """Steps of memory of the running score statistics."""
@@ -86,7 +86,7 @@ class RackModelConfig:
     """Cold start in windows (after the engine's own ``sample_size / 4``)."""
     open_after: int = 2
     """Consecutive anomalous windows that open a rack alert."""
-    resolve_after: int = 12
+    resolve_after: int = 4
     """Consecutive quiet windows that resolve it."""
 
     def validate(self) -> None:
@@ -98,23 +98,31 @@ class RackModelConfig:
 class AlertConfig:
     """Hysteresis of model alerts."""
 
-    open_after: int = 3
-    """Consecutive anomalous steps that open a GPU alert."""
-    resolve_after: int = 60
+    open_after: int = 5
+    """Anomalous steps (consecutive, or nearly: see ``detector.episodes``) that open a GPU
+    alert; long enough for the node veto to see peers that change a few seconds later."""
+    open_window: int = 10
+    """Steps of memory of that count."""
+    resolve_after: int = 30
     """Consecutive quiet steps that resolve it."""
     cooldown_s: float = 900.0
     """After a resolution, seconds before the same GPU may alert again (level shifts)."""
     top_metrics: int = 3
     """Attributed metrics listed in an alert."""
-    node_veto: float = 0.5
-    """When at least this fraction of a node's GPUs (two or more) score anomalous at the same
-    step, none of them counts: a job started or ended. 1.0 turns the veto off."""
+    node_veto: float = 0.25
+    """When at least this fraction of a node's GPUs (two or more) scored anomalous within
+    ``node_window_s``, their anomalies do not count (a job started or ended), except for a GPU
+    set apart from its node's median utilisation or power. 1.0 turns the veto off."""
+    node_window_s: float = 30.0
+    """How close together a node's anomalies must be to count as one shared change."""
 
     def episode_params(self) -> EpisodeParams:
-        return EpisodeParams(self.open_after, self.resolve_after, self.cooldown_s)
+        return EpisodeParams(self.open_after, self.open_window, self.resolve_after,
+                             self.cooldown_s)
 
     def validate(self) -> None:
-        if self.open_after < 1 or self.resolve_after < 1 or self.cooldown_s < 0:
+        if (self.open_after < 1 or self.open_window < 2 or self.resolve_after < 1
+                or self.cooldown_s < 0):
             raise ConfigError("alerts: open_after >= 1, resolve_after >= 1, cooldown_s >= 0")
         if not 0.0 < self.node_veto <= 1.0:
             raise ConfigError(f"alerts.node_veto must be in (0, 1], got {self.node_veto}")
@@ -138,9 +146,9 @@ class RulesConfig:
     """ECC / link error increase per step that counts towards a burst ..."""
     burst_steps: int = 3
     """... for this many consecutive steps."""
-    event_hold_s: float = 600.0
-    """XID / DBE alerts stay open this long after the last occurrence."""
-    state_hold_s: float = 60.0
+    event_hold_s: float = 45.0
+    """XID / DBE / burst alerts stay open this long after the last occurrence."""
+    state_hold_s: float = 30.0
     """State rules resolve after this long clear."""
 
     def params(self) -> RuleParams:

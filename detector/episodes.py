@@ -1,7 +1,11 @@
 """Hysteresis: turning per-step anomaly flags into alert episodes (open, then resolved).
 
-A single high score is not an alert: an episode opens after ``open_after`` consecutive
-anomalous steps and resolves after ``resolve_after`` consecutive quiet ones. After an
+A single high score is not an alert: an episode opens once about ``open_after`` of the last
+``open_window`` steps were anomalous (an exponentially weighted count, which ``open_after``
+consecutive anomalous steps reach exactly, so one quiet step inside a real anomaly does not
+start the count again) and resolves after ``resolve_after`` consecutive quiet ones. A caller
+may reset a model's count (the GPU models' node veto does, when a change turns out to be
+shared by the whole node). After an
 episode resolves, the same entity may not open a new one for ``cooldown_s`` seconds: a level
 shift (a new job, a changed fan curve) keeps scoring high now and then while the forest
 fills its samples with the new level, and SREs should hear about it once.
@@ -22,7 +26,9 @@ __all__ = ["EpisodeParams", "Episodes"]
 @dataclass(frozen=True, slots=True)
 class EpisodeParams:
     open_after: int = 3
-    """Consecutive anomalous steps that open an episode."""
+    """Anomalous steps (consecutive, or nearly so within ``open_window``) that open an episode."""
+    open_window: int = 10
+    """Memory of the anomalous-step count, in steps."""
     resolve_after: int = 60
     """Consecutive quiet steps that resolve it."""
     cooldown_s: float = 900.0
@@ -32,11 +38,11 @@ class EpisodeParams:
 class Episodes:
     """Open/quiet counters per model id."""
 
-    ARRAYS = ("run", "quiet", "open", "started_ms", "cooldown_until_ms", "peak")
+    ARRAYS = ("level", "quiet", "open", "started_ms", "cooldown_until_ms", "peak")
 
     def __init__(self, params: EpisodeParams) -> None:
         self.params = params
-        self.run = np.zeros(0, dtype=np.int64)
+        self.level = np.zeros(0, dtype=np.float64)
         self.quiet = np.zeros(0, dtype=np.int64)
         self.open = np.zeros(0, dtype=bool)
         self.started_ms = np.zeros(0, dtype=np.int64)
@@ -44,7 +50,7 @@ class Episodes:
         self.peak = np.zeros(0, dtype=np.float64)
 
     def ensure(self, n: int) -> None:
-        extra = n - len(self.run)
+        extra = n - len(self.level)
         if extra <= 0:
             return
         for k in self.ARRAYS:
@@ -57,17 +63,23 @@ class Episodes:
         anomalous: npt.NDArray[np.bool_],
         scores: npt.NDArray[np.float64],
         ts_ms: int | npt.NDArray[np.int64],
+        reset: npt.NDArray[np.bool_] | None = None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Advance one step; returns (row indices that opened, row indices that resolved)."""
         p = self.params
         ts = np.broadcast_to(np.asarray(ts_ms, dtype=np.int64), ids.shape)
-        run = np.where(anomalous, self.run[ids] + 1, 0)
+        keep = 1.0 - 1.0 / p.open_window
+        level = self.level[ids] * keep + anomalous
+        if reset is not None:
+            level = np.where(reset, 0.0, level)
+        # ``open_after`` consecutive anomalous steps reach exactly this level.
+        needed = (1.0 - keep ** p.open_after) / (1.0 - keep) - 1e-9
         quiet = np.where(anomalous, 0, self.quiet[ids] + 1)
         was_open = self.open[ids]
-        opens = ~was_open & (run >= p.open_after) & (ts >= self.cooldown_until_ms[ids])
+        opens = ~was_open & (level >= needed) & (ts >= self.cooldown_until_ms[ids])
         resolves = was_open & (quiet >= p.resolve_after)
         now_open = (was_open & ~resolves) | opens
-        self.run[ids] = run
+        self.level[ids] = level
         self.quiet[ids] = quiet
         self.open[ids] = now_open
         started = self.started_ms[ids]

@@ -26,10 +26,10 @@ power                power draw / enforced limit * 2.5 (1 unit = 40 % of the lim
 utilization          GPU utilisation * 2.5 (1 unit = 40 %). With temperature in the same
                      vector, "hot while training" and "hot while idle" land in different
                      regions.
-sm_clock             SM clock / the highest clock this GPU has shown * 5 (1 unit = 20 %)
-util_vs_node         utilisation minus the median of the GPUs of the same node * 5: a
+sm_clock             SM clock / the highest clock this GPU has shown * 2.5 (1 unit = 40 %)
+util_vs_node         utilisation minus the median of the GPUs of the same node * 10: a
                      straggler is pinned at 100 % while its peers wait for it
-power_vs_node        power fraction minus the node median * 5
+power_vs_node        power fraction minus the node median * 10
 throttle             clock-event reason bits: 2 for a hardware slowdown (HW slowdown,
                      HW thermal, HW power brake), 1 for software thermal slowdown, else 0
 ecc_sbe_increase     ``2 * log1p(increase / 4)`` of the volatile single-bit ECC counter: a
@@ -246,11 +246,11 @@ class FeatureState:
         # SM clock relative to the highest this GPU has shown.
         mc = np.fmax(self.max_clock[ids], np.where(np.isfinite(clock), clock, 0.0))
         self.max_clock[ids] = mc
-        feats[:, 5] = np.where(mc > 0, clock / np.where(mc > 0, mc, 1.0), np.nan) * 5.0
+        feats[:, 5] = np.where(mc > 0, clock / np.where(mc > 0, mc, 1.0), np.nan) * 2.5
 
         # Peers on the same node.
-        feats[:, 6] = (util - group_median(util, node_groups)) * 5.0
-        feats[:, 7] = (pfrac - group_median(pfrac, node_groups)) * 5.0
+        feats[:, 6] = (util - group_median(util, node_groups)) * 10.0
+        feats[:, 7] = (pfrac - group_median(pfrac, node_groups)) * 10.0
 
         bits = row[:, COL["clock_event_reasons"]]
         ibits = np.where(np.isfinite(bits), bits, 0.0).astype(np.int64)

@@ -7,6 +7,7 @@ with ``backtest`` tunes exactly what runs live.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,27 +51,26 @@ class ModelBank:
             self.n = n
 
     def step(self, ids: npt.NDArray[np.int64], points: npt.NDArray[np.float32],
-             ts_ms: int | npt.NDArray[np.int64], groups: npt.NDArray[np.int64] | None = None,
-             group_veto: float = 1.0) -> BankStep:
+             ts_ms: int | npt.NDArray[np.int64],
+             judge: Callable[[npt.NDArray[np.bool_], npt.NDArray[np.float64],
+                              npt.NDArray[np.float64]], npt.NDArray[np.bool_]] | None = None,
+             ) -> BankStep:
         """Score and learn one point per model, judge it, advance the episodes.
 
-        ``groups`` (one label per row) with ``group_veto`` < 1: where at least that fraction
-        of a group's rows (and two or more) are anomalous at the same step, none of them
-        counts as anomalous. For GPU models the group is the node: every GPU of a node
-        changing at once is a job starting or ending, not a GPU failing (correlated hardware
-        failures are the rack model's and the rules' business).
+        ``judge`` may overrule the threshold's verdict before the episodes see it (the GPU
+        models' node veto, see ``DetectorShard``): it gets the anomalous flags, the scores and
+        the thresholds, and returns the flags that count.
         """
         thr_now = self.thresholds.threshold(ids)
         # Attribution is only read when an episode opens, i.e. on an anomalous step.
         batch = self.engine.update(ids, points, attribute_above=thr_now)
         thr, anomalous = self.thresholds.update(ids, batch.scores)
-        if groups is not None and group_veto < 1.0 and anomalous.sum() >= 2:
-            _, inv = np.unique(groups, return_inverse=True)
-            size = np.bincount(inv)
-            hits = np.bincount(inv, weights=anomalous.astype(np.float64))
-            vetoed = (hits >= 2) & (hits >= group_veto * size)
-            anomalous = anomalous & ~vetoed[inv]
-        opened, resolved = self.episodes.step(ids, anomalous, batch.scores, ts_ms)
+        reset = None
+        if judge is not None:
+            judged = judge(anomalous, batch.scores, thr)
+            reset = anomalous & ~judged
+            anomalous = judged
+        opened, resolved = self.episodes.step(ids, anomalous, batch.scores, ts_ms, reset)
         return BankStep(batch, thr, anomalous, opened, resolved)
 
     def state_arrays(self, prefix: str) -> dict[str, npt.NDArray[np.generic]]:

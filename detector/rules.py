@@ -77,9 +77,9 @@ class RuleParams:
     """... for this many consecutive steps (lone errors are routine)."""
     lost_open_after: int = 5
     """Consecutive all-NaN steps before a GPU that still sends frames counts as lost."""
-    event_hold_s: float = 600.0
+    event_hold_s: float = 45.0
     """How long an XID / DBE alert stays open after the last occurrence."""
-    state_hold_s: float = 60.0
+    state_hold_s: float = 30.0
     """How long a state rule (slowdown bits, remap failure, lost) must be clear to resolve."""
 
 

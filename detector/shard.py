@@ -32,6 +32,11 @@ from schemas.records import AlertRecord, AlertState, Attribution, Severity
 
 __all__ = ["DetectorShard", "StepTrace", "alert_id"]
 
+_UTIL_VS_NODE = next(i for i, f in enumerate(FEATURES) if f.name == "util_vs_node")
+_POWER_VS_NODE = next(i for i, f in enumerate(FEATURES) if f.name == "power_vs_node")
+_ELEVATED = 0.8
+"""A score at this fraction of its threshold counts as a peer moving too (node veto)."""
+
 
 def alert_id(entity: str, source: str, started_ms: int) -> str:
     """Deterministic, so a replay after a crash recreates the same id."""
@@ -74,7 +79,7 @@ class DetectorShard:
             make_engine(self.engine_name, self.rack_engine_config),
             ThresholdParams(z=rc.z, floor=rc.floor, horizon=mc.horizon, warmup=rc.warmup,
                             std_floor=mc.std_floor),
-            EpisodeParams(rc.open_after, rc.resolve_after, config.alerts.cooldown_s))
+            EpisodeParams(rc.open_after, 4, rc.resolve_after, config.alerts.cooldown_s))
         self.rack_windows = RackWindows(rc.window_s)
         # Registry: entity paths <-> dense ids.
         self.gpu_ids: dict[str, int] = {}
@@ -84,6 +89,8 @@ class DetectorShard:
         self.rack_paths: list[str] = []
         self.rack_of = np.zeros(0, dtype=np.int64)
         self.node_ids: dict[str, int] = {}
+        self.last_anomalous_ms = np.zeros(0, dtype=np.int64)
+        """Last step each GPU scored elevated (for the node veto)."""
         self.node_last_ts: dict[str, int] = {}
         """Newest tick processed per node path: replayed frames are not learned twice."""
         # Open alerts by (entity, source): what a resolution must pair with.
@@ -123,6 +130,8 @@ class DetectorShard:
     def _grow(self) -> None:
         n = len(self.gpu_paths)
         self.gpu_bank.ensure(n)
+        self.last_anomalous_ms = np.concatenate(
+            [self.last_anomalous_ms, np.zeros(n - len(self.last_anomalous_ms), dtype=np.int64)])
         self.features.ensure(n)
         self.rules.ensure(n)
         r = len(self.rack_paths)
@@ -165,7 +174,9 @@ class DetectorShard:
         # Forest -> threshold -> hysteresis, for the GPUs that reported.
         vi = np.flatnonzero(valid)
         vids = ids[vi]
-        res = self.gpu_bank.step(vids, feats[vi], ts, nodes[vi], self.config.alerts.node_veto)
+        res = self.gpu_bank.step(vids, feats[vi], ts,
+                                 lambda a, sc, th: self._node_veto(vids, nodes[vi], feats[vi], a,
+                                                                   sc >= _ELEVATED * th, ts))
         batch, thr = res.batch, res.thresholds
         for r in res.opened:
             out.append(self._open_model_alert(int(vids[r]), ts, batch, int(r), thr[r], row[vi[r]]))
@@ -196,6 +207,32 @@ class DetectorShard:
             if len(racks):
                 out.extend(self._rack_step(racks, starts, means))
         return out
+
+    def _node_veto(self, ids: npt.NDArray[np.int64], nodes: npt.NDArray[np.int64],
+                   feats: npt.NDArray[np.float32], anomalous: npt.NDArray[np.bool_],
+                   elevated: npt.NDArray[np.bool_], ts: int) -> npt.NDArray[np.bool_]:
+        """A change the node's GPUs share is the workload, not a fault.
+
+        Where at least ``node_veto`` of a node's GPUs (two or more) scored elevated (within
+        ``_ELEVATED`` of their threshold) in the last ``node_window_s``, their anomalies do
+        not count, except for a GPU that the peer features set apart from its node (a
+        straggler makes its peers wait too, but it is the one whose utilisation or power
+        differs from the node's median).
+        """
+        ac = self.config.alerts
+        if ac.node_veto >= 1.0:
+            return anomalous
+        self.last_anomalous_ms[ids] = np.where(elevated, ts, self.last_anomalous_ms[ids])
+        if not anomalous.any():
+            return anomalous
+        recent = (self.last_anomalous_ms[ids] > 0) & (
+            ts - self.last_anomalous_ms[ids] <= ac.node_window_s * 1000)
+        _, inv = np.unique(nodes, return_inverse=True)
+        size = np.bincount(inv)
+        hits = np.bincount(inv, weights=recent.astype(np.float64))
+        shared = ((hits >= 2) & (hits >= ac.node_veto * size))[inv]
+        apart = (np.abs(feats[:, _UTIL_VS_NODE]) >= 3.0) | (np.abs(feats[:, _POWER_VS_NODE]) >= 3.0)
+        return anomalous & ~(shared & ~apart)
 
     def _rack_step(self, racks: npt.NDArray[np.int64], starts: npt.NDArray[np.int64],
                    means: npt.NDArray[np.float32]) -> list[AlertRecord]:

@@ -21,7 +21,7 @@ T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 def small_config(**overrides: object) -> DetectorConfig:
     """A detector that warms up in 150 steps and runs fast with any engine."""
-    model = ModelConfig(trees=12, sample_size=64, warmup=150, horizon=400)
+    model = ModelConfig(trees=12, sample_size=64, warmup=150, horizon=400, floor=2.0)
     rack = RackModelConfig(trees=10, sample_size=32, warmup=20, window_s=5.0)
     alerts = AlertConfig(open_after=3, resolve_after=20, cooldown_s=120.0)
     base = {"model": model, "rack": rack, "alerts": alerts}

@@ -54,18 +54,45 @@ def test_zero_scores_are_the_engines_cold_start_and_are_ignored() -> None:
     assert th.count[0] == 0
 
 
-def test_episode_opens_after_k_and_resolves_after_quiet_then_cools_down() -> None:
-    ep = Episodes(EpisodeParams(open_after=3, resolve_after=5, cooldown_s=30))
+def _run(pattern: list[int], cooldown_s: float = 30) -> tuple[list[int], list[int]]:
+    ep = Episodes(EpisodeParams(open_after=3, open_window=10, resolve_after=5,
+                                cooldown_s=cooldown_s))
     ep.ensure(1)
-    ids = np.array([0])
-    pattern = [1, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1] + [0] * 10 + [1] * 30
     opened, resolved = [], []
     for t, a in enumerate(pattern):
-        o, r = ep.step(ids, np.array([bool(a)]), np.array([2.0]), 1000 * t)
+        o, r = ep.step(np.array([0]), np.array([bool(a)]), np.array([2.0]), 1000 * t)
         opened += [t] * len(o)
         resolved += [t] * len(r)
-    # Two anomalous steps then a gap: no alert. Opens at the 3rd consecutive (t=5),
-    # resolves after 5 quiet steps (t=11), the burst at t=12..14 falls in the cooldown,
-    # and the run from t=25 opens once the 30 s cooldown from t=11 is over (t=41).
-    assert opened == [5, 41]
-    assert resolved == [11]
+    return opened, resolved
+
+
+def test_scattered_single_steps_never_open() -> None:
+    assert _run([1, 0, 0, 0, 0, 0, 0, 0] * 10) == ([], [])
+    assert _run(([1, 1] + [0] * 18) * 5) == ([], [])
+
+
+def test_three_in_a_row_open_and_one_gap_does_not_restart_the_count() -> None:
+    assert _run([0, 1, 1, 1, 0])[0] == [3]
+    assert _run([0, 1, 1, 0, 1, 1, 0])[0] == [5]  # 1,1,0,1 is not enough, 1,1,0,1,1 is
+
+
+def test_resolves_after_quiet_then_cools_down() -> None:
+    pattern = [1, 1, 1] + [0] * 5 + [1, 1, 1] + [0] * 10 + [1] * 30
+    opened, resolved = _run(pattern)
+    # Opens at t=2, resolves after 5 quiet steps (t=7); the run at t=8..10 falls in the
+    # 30 s cooldown; the long run from t=21 opens once the cooldown is over (t=37).
+    assert opened == [2, 37]
+    assert resolved == [7]
+
+
+def test_a_reset_forgets_the_count() -> None:
+    ep = Episodes(EpisodeParams(open_after=3, open_window=10, resolve_after=5, cooldown_s=0))
+    ep.ensure(1)
+    ids = np.array([0])
+    flags = [True, True, True]
+    resets = [False, False, True]
+    opened = [len(ep.step(ids, np.array([f]), np.array([2.0]), 1000 * t,
+                          np.array([r]))[0]) for t, (f, r) in enumerate(zip(flags, resets,
+                                                                              strict=True))]
+    assert opened == [0, 0, 0]
+    assert ep.level[0] == 0.0
