@@ -221,3 +221,14 @@ def test_periodic_load_picks_its_period_as_lag() -> None:
     assert _lag_of_column(blob, 1) == 5
     walk = codec.encode_group(*_cases()["fleet_like"])
     assert _lag_of_column(walk, 1) == 1  # a random walk gains nothing from a lag
+
+
+def test_empty_wide_group_and_absurd_headers() -> None:
+    blob = codec.encode_group(np.zeros(0, np.int64), np.zeros((0, 50)))
+    ts, vals = codec.decode_group(blob)
+    assert ts.size == 0 and vals.shape == (0, 50)
+    # a header claiming 2**40 samples or more columns than bytes is refused, not allocated
+    with pytest.raises(codec.CodecError):
+        codec.decode_group(bytes([1, 1]) + bytes([0x80, 0x80, 0x80, 0x80, 0x80, 0x20]))
+    with pytest.raises(codec.CodecError):
+        codec.decode_group(bytes([1, 0xE8, 0x07, 5, 1, 0]))

@@ -102,6 +102,8 @@ E_MAX: Final = 15
 N_LIMIT: Final = 1 << 53
 PAD: Final = 32  # zero bytes after a blob: a bit reader may look 66 bits past a stream
 MAX_LAG: Final = 8
+MAX_SAMPLES: Final = 1 << 24
+"""Decoders refuse chunks claiming more samples (a corrupt header must not allocate GBs)."""
 NEG_ZERO: Final = np.uint64(1 << 63)
 
 POW10 = np.array([10.0 ** i for i in range(16)], dtype=np.float64)
@@ -863,8 +865,8 @@ def _dec_header(buf: np.ndarray, pos: int, end: int) -> tuple[int, int, int]:  #
     if pos < 0:
         return -1, 0, 0
     n, pos = _rvarint(buf, pos, end)
-    if pos < 0 or k > U64(1 << 30) or n > U64(1 << 30):
-        return -1, 0, 0
+    if pos < 0 or n > U64(MAX_SAMPLES) or (n > U64(0) and k > U64(end)):
+        return -1, 0, 0  # (with samples, every column takes at least its tag byte)
     return pos, np.int64(k), np.int64(n)
 
 
@@ -971,15 +973,6 @@ def _padded(blob: bytes | np.ndarray) -> tuple[np.ndarray, int]:
     return buf, raw.size
 
 
-def group_shape(blob: bytes) -> tuple[int, int]:
-    """(k, T) of an encoded group, read from its header."""
-    buf, end = _padded(blob[:24])
-    pos, k, n = _dec_header(buf, 0, end)
-    if pos < 0:
-        raise CodecError(f"not a chunk: bad header in {min(len(blob), 24)} leading bytes")
-    return k, n
-
-
 def decode_group(blob: bytes, columns: npt.ArrayLike | None = None
                  ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
     """Decode a chunk: ``(ts int64[T], values float64[T, c])`` for the chosen columns.
@@ -1060,7 +1053,7 @@ def decode_gorilla(blob: bytes) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.f
     """Inverse of :func:`encode_gorilla`."""
     buf, end = _padded(blob)
     n, pos = _rvarint(buf, 0, end)
-    if pos < 0 or n > (1 << 30):
+    if pos < 0 or n > MAX_SAMPLES:
         raise CodecError(f"not a Gorilla series: bad length ({end} bytes)")
     ts = np.empty(int(n), np.int64)
     out = np.empty(int(n), np.uint64)

@@ -405,8 +405,13 @@ class SeriesStore:
                 with open(seg.path, "rb") as f:
                     for r in recs.tolist():
                         widx, cols = by_gid[int(seg.records.gid[r])]
-                        blob = read_record_blob(f, seg.records.offset[r], seg.records.length[r])
-                        ts, vals = codec.decode_group(blob, cols)
+                        try:
+                            blob = read_record_blob(f, seg.records.offset[r],
+                                                    seg.records.length[r])
+                            ts, vals = codec.decode_group(blob, cols)
+                        except (SegmentError, codec.CodecError) as exc:
+                            raise StoreError(f"{seg.path}: {exc} (changed on disk since "
+                                             "open?); no data returned") from exc
                         pieces.add(widx, ts, vals)
         head = self._head[tier]
         for g, (widx, cols) in by_gid.items():
