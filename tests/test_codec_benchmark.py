@@ -38,3 +38,38 @@ def test_benchmark_reports_lossless_results_for_every_dataset(
     assert mine["samples_finite"] == 3 * 300 * 2 - 10
     for key in ("bytes_per_sample", "encode_samples_per_s", "decode_samples_per_s"):
         assert summary[key] > 0
+
+
+def _tiny_series() -> list:
+    from benchmarks.peers import PeerSeries
+
+    ts = 1_767_225_600_000 + np.arange(300, dtype=np.int64) * 1000
+    vals = np.round(np.sin(np.arange(300) / 7) * 100, 3)
+    vals[5] = np.nan  # not sampled: peers never see it
+    return [PeerSeries("fleetpulse_gpu_power_usage_watts", {"node": 'a"b', "uuid": f"GPU-{i}"},
+                       ts, vals + i) for i in range(3)]
+
+
+def test_openmetrics_export_is_exact_and_escaped(tmp_path: Path) -> None:
+    from benchmarks.peers.prometheus import write_openmetrics
+
+    n = write_openmetrics(_tiny_series(), tmp_path / "x.om")
+    lines = (tmp_path / "x.om").read_text().splitlines()
+    assert n == 3 * 299 and lines[0].startswith("# TYPE") and lines[-1] == "# EOF"
+    name, value, stamp = lines[1].rsplit(" ", 2)
+    assert name == 'fleetpulse_gpu_power_usage_watts{node="a\\"b",uuid="GPU-0"}'
+    assert float(value) == _tiny_series()[0].values[0] and stamp == "1767225600.000"
+
+
+@pytest.mark.slow
+def test_peers_store_every_sample_they_are_given() -> None:
+    import shutil
+
+    from benchmarks.peers import prometheus_tsdb_bytes, victoriametrics_bytes
+
+    if not (shutil.which("promtool") and shutil.which("victoria-metrics")):
+        pytest.skip("promtool / victoria-metrics not installed (the benchmark installs them)")
+    prom = prometheus_tsdb_bytes(_tiny_series())
+    assert prom["samples"] == 3 * 299 and prom["chunk_bytes"] > 0
+    vm = victoriametrics_bytes(_tiny_series())
+    assert vm["rows"] == 3 * 299 and vm["data_bytes"] > 0
