@@ -21,8 +21,9 @@ Measured:
   machine), after ``--warm`` steps (reservoirs accept ~75 % of points at first and settle
   towards ~13 %, so early updates cost more), numba's compile time excluded (a warm-up run
   on a tiny config first; kernels are cached on disk).
-* bytes per model: numba's arrays (exact), krcf's resident growth of the process (RSS delta
-  over its models), and both engines' checkpoint bytes.
+* bytes per model: what the engine reports (numba: its arrays, exact; krcf: its serialized
+  size), the resident growth per model of a fresh process that runs 8 models for 700 steps
+  (RSS delta), and checkpoint bytes.
 * Spearman rank correlation of the two engines' scores on the synthetic stream; the same for
   krcf against krcf with another seed (how far apart RCF's randomness alone puts two runs).
 * detection quality from scores alone (no thresholds): ROC AUC of anomalous against normal
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -146,10 +148,36 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _rss_probe(name: str, config: EngineConfig, models: int, steps: int) -> float:
+    """Run in a fresh process: resident growth per model after ``steps`` updates."""
+    stream = synthetic_stream(models, steps, steps, seed=config.seed)
+    ids = np.arange(models, dtype=np.int64)
+    if name == "numba":
+        warm_up_numba(config)  # loading the compiled kernels is not model memory
+    else:
+        tiny = make_engine(name, replace(config, trees=2, sample_size=8))
+        tiny.ensure_models(1)
+        tiny.update(ids[:1], stream.points[0, :1])
+    before = rss_bytes()
+    engine = make_engine(name, config)
+    engine.ensure_models(models)
+    for s in range(steps):
+        engine.update(ids, stream.points[s], attribute_above=np.inf)
+    return (rss_bytes() - before) / models
+
+
+def resident_bytes_per_model(name: str, config: EngineConfig, models: int = 8,
+                             steps: int = 700) -> int:
+    """Process-RSS growth per model, measured in a fresh interpreter so that memory freed
+    by earlier runs of this benchmark cannot hide an engine's allocations."""
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:
+        return round(pool.apply(_rss_probe, (name, config, models, steps)))
+
+
 def run_engine(name: str, config: EngineConfig, stream: Stream, warm: int) -> Run:
     steps, models = stream.points.shape[:2]
     ids = np.arange(models, dtype=np.int64)
-    rss0 = rss_bytes()
     engine: ForestEngine = make_engine(name, config)
     engine.ensure_models(models)
     scores = np.zeros((steps, models))
@@ -161,15 +189,14 @@ def run_engine(name: str, config: EngineConfig, stream: Stream, warm: int) -> Ru
         scores[s] = engine.update(ids, stream.points[s], attribute_above=np.inf).scores
         if s >= warm:
             cpu += time.process_time() - start
-    rss = (rss_bytes() - rss0) / models
     checkpoint = int(np.mean([len(engine.checkpoint(m)) for m in range(min(models, 4))]))
     return Run(name, scores, models * (steps - warm) / max(cpu, 1e-9),
-               engine.model_bytes(0), checkpoint, rss)
+               engine.model_bytes(0), checkpoint, resident_bytes_per_model(name, config))
 
 
 def warm_up_numba(config: EngineConfig) -> None:
     """Compile (or load from numba's cache) every kernel outside the timed region."""
-    tiny = replace(config, trees=2, sample_size=8, output_after=1)
+    tiny = replace(config, trees=2, sample_size=8, output_after=1, sample_groups=None)
     engine = make_engine("numba", tiny)
     engine.ensure_models(2)
     rng = np.random.default_rng(0)
