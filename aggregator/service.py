@@ -38,6 +38,7 @@ from aggregator.rack_stage import RackStage
 from aggregator.row_stage import RowStage
 from aggregator.series_index import EntityIndex
 from aggregator.store import SeriesStore, StoreConfig
+from aggregator.window_kernel import warm_up
 from fleetpulse.transport import Consumer, Message, TopicPartition, Transport, open_transport
 from schemas.rollup import encode_rollup
 from schemas.topics import Topics
@@ -121,6 +122,7 @@ class AggregatorService:
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self, serve_http: bool = True) -> None:
+        warm_up()  # before joining any group: a compile must not stall heartbeats
         await self.transport.start()
         await self.transport.ensure_topics({
             self.topics.samples: self.cfg.samples_partitions,

@@ -30,7 +30,6 @@ import numpy.typing as npt
 __all__ = [
     "N_SLOTS",
     "RELATIVE_ACCURACY",
-    "merge_slots",
     "quantiles_from_slots",
     "slot_of",
     "slot_value",
@@ -74,20 +73,6 @@ def slot_value(slots: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
     kn = K_MAX - s[neg]
     out[pos] = 2.0 * np.power(GAMMA, kp) / (GAMMA + 1.0)
     out[neg] = -2.0 * np.power(GAMMA, kn) / (GAMMA + 1.0)
-    return out
-
-
-@nb.njit(cache=True)
-def merge_slots(slots: np.ndarray, counts: np.ndarray, offsets: np.ndarray,
-                group: np.ndarray, n_groups: int) -> np.ndarray:  # pragma: no cover - numba
-    """Sum CSR sketches into ``n_groups`` dense sketches: out[group[i], slot] += count."""
-    out = np.zeros((n_groups, N_SLOTS), np.float64)
-    for i in range(offsets.size - 1):
-        g = group[i]
-        if g < 0:
-            continue
-        for j in range(offsets[i], offsets[i + 1]):
-            out[g, slots[j]] += counts[j]
     return out
 
 

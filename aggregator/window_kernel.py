@@ -18,7 +18,7 @@ import numpy as np
 
 from aggregator.sketch import N_SLOTS, slot_of
 
-__all__ = ["AGG_ARRAYS", "accumulate", "apply_counter_boundary", "reduce_rows"]
+__all__ = ["AGG_ARRAYS", "accumulate", "apply_counter_boundary", "reduce_rows", "warm_up"]
 
 AGG_ARRAYS = ("cnt", "sum", "min", "max", "last", "last_ts", "sumsq", "first", "inc")
 """The per-window arrays, in the order the kernels take them (last_ts is int64)."""
@@ -152,3 +152,29 @@ def reduce_rows(order, parent, n_parent, cnt, sm, mn, mx, last, last_ts, sq, inc
                 plt[q, c] = last_ts[i, c]
                 pl[q, c] = last[i, c]
     return pc, ps, pmn, pmx, pl, plt, psq, pinc
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) every kernel of the hot path now.
+
+    A first call can take tens of seconds on a busy machine; done inside a consumer loop it
+    would stall heartbeats and get the instance thrown out of its group, so the service
+    calls this before it joins.
+    """
+    from aggregator.step_kernels import sketch_quantiles, step_reduce
+
+    f = np.zeros((1, 1, 2))
+    i64 = np.zeros((1, 1, 2), np.int64)
+    z = np.zeros(2, np.int64)
+    accumulate(np.zeros(2), np.asarray([0, 2]), np.asarray([0, 1]), np.zeros(1, np.int32),
+               np.zeros(1, np.int64), np.asarray([0, 1]), np.zeros(1, np.int32),
+               np.asarray([0, 2]), np.asarray([0, 1], np.int32), f, f.copy(), f.copy(),
+               f.copy(), f.copy(), i64, f.copy(), f.copy(), f.copy(), np.ones(2, bool),
+               np.zeros(1, np.int32), 1, np.zeros(2, np.int64))
+    two = np.zeros((1, 2))
+    apply_counter_boundary(two, two.copy(), two.copy(), two.copy(), two.copy(),
+                           np.ones(2, bool))
+    reduce_rows(np.zeros(1, np.int64), np.zeros(1, np.int64), 1, two, two, two, two, two,
+                np.zeros((1, 2), np.int64), two, two)
+    step_reduce(z, np.zeros(2), np.asarray([0, 2]), 0, 1, 1, 1, 0)
+    sketch_quantiles(z, np.ones(2), np.asarray([0, 2]), 10, 0, 10, 10, 1, 0.5, np.zeros(3))

@@ -94,8 +94,13 @@ class Instance:
         raise AssertionError(f"aggregator did not start: {self.log.read_text()[-3000:]}")
 
     def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
-            text = r.read().decode()
+        """Parsed /metrics; {} while the process is too busy to answer (a loaded machine)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics",
+                                        timeout=10) as r:
+                text = r.read().decode()
+        except (TimeoutError, OSError):
+            return {}
         out: dict[str, float] = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):
@@ -108,6 +113,8 @@ class Instance:
 
     def lag_and_partitions(self) -> tuple[float, float, float]:
         m = self.metrics()
+        if not m:
+            return (1.0, 0.0, 0.0)
         lag = sum(v for k, v in m.items() if k.startswith("fleetpulse_aggregator_consumer_lag"))
         return (lag, m.get('fleetpulse_aggregator_partitions{stage="rack"}', 0.0),
                 m.get('fleetpulse_aggregator_partitions{stage="row"}', 0.0))
@@ -121,14 +128,14 @@ class Instance:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(60)
+                self.proc.wait(120)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 raise
         assert self.proc is None or self.proc.returncode == 0, self.log.read_text()[-3000:]
 
 
-def wait_drained(instances: list[Instance], timeout: float = 120.0) -> None:
+def wait_drained(instances: list[Instance], timeout: float = 240.0) -> None:
     """Until all partitions are owned and every stage reports zero lag, four polls in a row."""
     deadline = time.monotonic() + timeout
     quiet = 0
@@ -202,7 +209,7 @@ def test_kill9_under_load_then_restart_gives_identical_rollups(produced, referen
     bootstrap, prefix, n_frames = produced
     inst = Instance(tmp_path, "crash", bootstrap, prefix, f"{prefix}-crash", tmp_path / "state")
     inst.start()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while inst.frames() < n_frames / 3:
         assert time.monotonic() < deadline, inst.log.read_text()[-2000:]
         time.sleep(0.02)
@@ -226,7 +233,7 @@ def test_two_instances_across_a_rebalance_equal_one(produced, reference, tmp_pat
     b = Instance(tmp_path, "b", bootstrap, prefix, group, state)
     a.start()
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180
         while a.frames() < n_frames / 4:
             assert time.monotonic() < deadline, a.log.read_text()[-2000:]
             time.sleep(0.02)
