@@ -99,6 +99,10 @@ class DemoConfig:
     """Store and checkpoints; empty: a temporary directory removed at exit."""
     progress_s: float = 1.0
     """Seconds between terminal view updates (0: none)."""
+    max_backlog_frames: int = 0
+    """Frames the slowest stage may fall behind before the fleet waits for it (0: two
+    frames per node). Keeps the demo coherent when the machine cannot reach ``speed``: the
+    simulated clock slows down instead of the consumers drowning (and the page with them)."""
     drain_s: float = 5.0
     """At the end, wall seconds to let the aggregator and detector catch up before stopping."""
     transport: TransportConfig = field(
@@ -122,8 +126,8 @@ class DemoConfig:
             raise ConfigError("duration_s must be >= 0 and fault_horizon_s > 0")
         if self.faults < 0 or self.partitions < 1 or self.ticks_per_frame < 1:
             raise ConfigError("faults >= 0, partitions >= 1 and ticks_per_frame >= 1")
-        if self.progress_s < 0 or self.drain_s < 0:
-            raise ConfigError("progress_s and drain_s must be >= 0")
+        if self.progress_s < 0 or self.drain_s < 0 or self.max_backlog_frames < 0:
+            raise ConfigError("progress_s, drain_s and max_backlog_frames must be >= 0")
         host, _, port = self.listen.rpartition(":")
         if not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ConfigError(f"listen must be host:port, got {self.listen!r}")
@@ -252,9 +256,15 @@ def _same_rack(entity: str, gpu_path: str) -> bool:
 class FleetDriver:
     """The synthetic fleet, published like ``fleetpulse fleet`` does, paced by ``speed``."""
 
-    def __init__(self, cfg: DemoConfig, transport: Transport, topics: Topics) -> None:
+    def __init__(self, cfg: DemoConfig, transport: Transport, topics: Topics,
+                 consumed: Callable[[], int] = lambda: 1 << 62) -> None:
         self.cfg = cfg
         self.topo = cfg.topology()
+        self.consumed = consumed
+        """Frames the slowest consuming stage has processed (for backpressure)."""
+        self.max_backlog = cfg.max_backlog_frames or 2 * self.topo.nodes
+        self.waited_s = 0.0
+        """Wall time spent waiting for the consumers."""
         self.plan = cfg.fault_plan()
         if cfg.labels:
             write_labels(cfg.labels, self.plan)
@@ -296,6 +306,15 @@ class FleetDriver:
                     break
             else:
                 self.behind_s = now - due
+            if k % per == 0 and self.stats.frames - self.consumed() > self.max_backlog:
+                t_wait = loop.time()
+                while (self.stats.frames - self.consumed() > self.max_backlog
+                       and not stop.is_set()):
+                    await asyncio.sleep(0.02)
+                # simulated time pauses while the stages catch up
+                t0 += loop.time() - t_wait
+                self.waited_s += loop.time() - t_wait
+                continue
             slot = k % per
             ts, values = self.model.step(out=val_buf[slot])
             ts_buf[slot] = ts
@@ -414,6 +433,7 @@ class DemoRun:
             "sim_s": round(sim_s, 1),
             "speed": self.cfg.speed,
             "speed_achieved": round(sim_s / elapsed, 2),
+            "waited_for_stages_s": round(self.fleet.waited_s, 1),
             "aggregated_metrics": int(getattr(agg, "metrics", 0)),
             "detector_updates": int(self.detector.stats.updates),
         }
@@ -471,10 +491,11 @@ async def run_demo(
     fleet_t = await transport()
     await fleet_t.ensure_topics({topics.samples: cfg.partitions, topics.events: cfg.partitions,
                                  topics.alerts: cfg.partitions, topics.deadletter: 1})
-    fleet = FleetDriver(cfg, fleet_t, topics)
     aggregator = AggregatorService(agg_cfg)  # owns and closes its own transport
     await aggregator.start(serve_http=False)
     detector = DetectorService(det_cfg, await transport())
+    fleet = FleetDriver(cfg, fleet_t, topics, consumed=lambda: min(
+        aggregator.rack.stats.frames, detector.stats.frames))
     board = AlertBoard(capacity=2000, clock=lambda: fleet.sim_now_ms)
     score = Scorecard(fleet.topo, fleet.plan, fleet.start_ms)
     view = TerminalView(out, "", out.isatty() if live_line is None else live_line)
