@@ -24,6 +24,19 @@ step() { printf '\n==> %s\n' "$*"; }
 # ------------------------------------------------------------------ system packages
 # (place for install steps of system packages that tests need, e.g. a browser:)
 # >>> system installs (add below, keep idempotent and quiet) >>>
+# Headless Chromium and its driver for the web page tests (tests/test_web_*.py,
+# tests/test_demo_web.py); Debian packages, skipped when both are already there.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    step "system packages: chromium, chromium-driver"
+    if command -v apt-get >/dev/null 2>&1; then
+        SUDO=""
+        [[ "$(id -u)" -ne 0 ]] && SUDO="sudo"
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver >/dev/null
+    else
+        echo "scripts/test.sh: no apt-get; install chromium and chromedriver yourself" >&2
+    fi
+fi
 # <<< system installs <<<
 
 # ------------------------------------------------------------------ python environment
