@@ -89,14 +89,15 @@ def parse_duration(value: str, name: str) -> int:
     return sum(int(g) * mul for g, mul in zip(m.groups(), _DUR_MS, strict=True) if g)
 
 
+_SPECIAL: Final = {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf"}
+
+
 def _fmt(v: float) -> str:
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if v.is_integer() and abs(v) < 1e15:
-        return str(int(v))
-    return repr(v)
+    """Prometheus' number strings: shortest repr, no trailing ".0", NaN / +Inf / -Inf."""
+    s = repr(v)
+    if s.endswith(".0"):
+        return s[:-2]
+    return _SPECIAL.get(s, s)
 
 
 def _matrix(res: SeriesResult, start_ms: int, step_ms: int) -> list[dict[str, Any]]:

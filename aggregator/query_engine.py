@@ -131,14 +131,16 @@ class QueryEngine:
         out_e: list[I64] = []
         out_m: list[I64] = []
         out_a: list[str] = []
-        levels = np.asarray([self.index.keys[e][0] for e in eids.tolist()], dtype=object)
+        levels = self.index.codes("level", eids)
         for m in metrics:
-            has = eids[self.index.metrics[eids, m.id]] if eids.size else eids
+            sel_m = self.index.metrics[eids, m.id]
+            has = eids[sel_m]
             if has.size == 0:
                 continue
-            lv = levels[np.isin(eids, has)] if has.size != eids.size else levels
-            for level in np.unique(lv).tolist():
-                ents = has[lv == level]
+            lv = levels[sel_m]
+            for code in np.unique(lv).tolist():
+                level = self.index.value_of("level", code)
+                ents = has[lv == code]
                 if agg_m:
                     cands = [a for a in _aggs_for(m.kind, level, tier)
                              if all(value_matches(op, v, a, rx) for op, v, rx in agg_rx)]
@@ -228,7 +230,7 @@ class QueryEngine:
         span = max(step, width) if tier != "raw" else step
         aggs = np.asarray(res.aggs, dtype=object)
         plan: list[tuple[str, npt.NDArray[np.bool_], list[str]]] = []
-        for agg in np.unique(aggs).tolist():
+        for agg in dict.fromkeys(res.aggs):
             sel = aggs == agg
             if agg in _MERGE or agg == "raw":
                 needs = ["last" if agg == "raw" else agg]

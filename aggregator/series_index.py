@@ -191,6 +191,13 @@ class EntityIndex:
             mask &= ok[self._codes[i, :n]]
         return np.flatnonzero(mask).astype(np.int64)
 
+    def codes(self, label: str, eids: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
+        """Integer codes of ``label`` for ``eids`` (decode with :meth:`value_of`)."""
+        return self._codes[ENTITY_LABELS.index(label), eids]
+
+    def value_of(self, label: str, code: int) -> str:
+        return self._values[ENTITY_LABELS.index(label)][code]
+
     def labels(self, eid: int) -> dict[str, str]:
         """Non-empty labels of one entity (a fresh dict the caller may extend)."""
         cached = self._labels.get(eid)

@@ -78,7 +78,7 @@ def _frames(nodes: int, seconds: int, ticks: int) -> list[Any]:
 def throughput(quick: bool) -> dict[str, float]:
     from aggregator.rack_stage import RackStage
 
-    nodes, seconds, ticks = (64, 60, 5) if quick else (128, 120, 5)
+    nodes, seconds, ticks = (128, 60, 5) if quick else (1250, 40, 5)  # full: 10,000 GPUs
     msgs = _frames(nodes, seconds, ticks)
     metrics = sum(8 * len(CATALOG) * ticks for _ in msgs)
     with tempfile.TemporaryDirectory() as tmp:
