@@ -211,6 +211,16 @@ def test_survives_kill_9_mid_write(tmp_path: Path) -> None:
             assert np.array_equal(ts, np.arange(ts.size) * 1000)  # no holes, no extras
             want = np.sin(ts * 1e-4 + sid).round(3)
             assert np.array_equal(_bits(v), _bits(want))  # nothing corrupt
+        # the restarted writer replays from its last acknowledged point and goes on
+        t = np.arange(acked, acked + 500, dtype=np.int64) * 1000
+        st.append("raw", ids, t, np.sin(t[:, None] * 1e-4 + ids[None, :]).round(3))
+        st.flush()
+    with SeriesStore(StoreConfig(path=str(tmp_path), chunk_samples=50,
+                                 tiers=(TierSpec("raw", 0, 0, 60_000),))) as st:
+        r = st.read("raw", ids, 0, 10**12)
+        ts, v = r.series(7)
+        assert np.array_equal(ts, np.arange(acked + 500) * 1000)
+        assert np.array_equal(_bits(v), _bits(np.sin(ts * 1e-4 + ids[7]).round(3)))
 
 
 @pytest.mark.parametrize("ids", [np.arange(5, 600), np.array([3]), np.array([1, 5, 2, 100_000]),
@@ -267,3 +277,17 @@ def test_saved_index_describes_the_segment_exactly(tmp_path: Path) -> None:
         (r.series_ids.tolist(), r.kind, r.t_min, r.t_max, r.chunk_key, r.offset, r.length)
         for r in scanned]
     assert load_index(seg.with_suffix(".idx"), seg.stat().st_size + 1) is None
+
+
+def test_late_sample_into_a_compacted_segment_survives_reopen(tmp_path: Path) -> None:
+    ids = np.array([1, 2], np.int64)
+    ts, vals = _group(0, 2 * 3600, 2, 9)
+    with _store(tmp_path) as st:
+        st.append("raw", ids, ts, vals)
+        st.flush()  # hour 0 is finished: compacted and indexed
+        assert (tmp_path / "raw" / "seg+00000000000000000000.idx").exists()
+        st.append("raw", ids, [1_800_500], [[7.5, 8.5]])  # late, into hour 0
+    with _store(tmp_path) as st:  # the saved index no longer matches: the file is scanned
+        r = st.read("raw", ids, 1_800_500, 1_800_501)
+        assert r.values.tolist() == [7.5, 8.5]
+        assert st.read("raw", ids, 0, 3 * H).counts.tolist() == [2 * 3600 + 1] * 2
