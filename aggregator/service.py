@@ -118,6 +118,8 @@ class AggregatorService:
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
         self._stop = asyncio.Event()
+        self.failed = False
+        """Set when a consumer loop died; the command then exits with status 1."""
         self._retention_at = time.monotonic()
 
     # ----------------------------------------------------------------- lifecycle
@@ -149,9 +151,17 @@ class AggregatorService:
     async def run(self) -> None:
         """Consume until :meth:`stop`; then make everything durable and leave the groups."""
         tasks = [asyncio.create_task(self._consume(loop)) for loop in self.loops]
+        stopper = asyncio.create_task(self._stop.wait())
         try:
-            await self._stop.wait()
+            done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not stopper and t.exception() is not None:
+                    # A consumer loop died (e.g. the broker refused a commit for too long).
+                    # Exit non-zero: Kafka is the write-ahead log, a restart resumes exactly.
+                    log.error("consumer loop failed: %r", t.exception())
+                    self.failed = True
         finally:
+            stopper.cancel()
             for t in tasks:
                 t.cancel()
             for t in tasks:

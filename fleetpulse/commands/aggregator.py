@@ -99,7 +99,7 @@ async def _serve(cfg: AggregatorConfig) -> int:
         await svc.run()
     finally:
         progress.cancel()
-    return 0
+    return 1 if svc.failed else 0
 
 
 async def _progress(svc: AggregatorService) -> None:
