@@ -24,9 +24,11 @@ class NumbaEngine(ForestEngine):
 
     name = "numba"
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, cache_levels: int | None = None) -> None:
+        """``cache_levels``: tree levels whose boxes are kept (0-4); None fills what the
+        256 KB per-model budget leaves (see ``rcf/state.py``)."""
         super().__init__(config)
-        self._state = ForestArrays(config)
+        self._state = ForestArrays(config, cache_levels)
 
     def ensure_models(self, n: int) -> None:
         self._state.ensure(n)

@@ -47,11 +47,11 @@ META_NPOINTS = 7  # live point ids
 META_RNG = 8  # splitmix64 state (stored as int64 bits)
 META_FIELDS = 9
 
-# Bounding boxes of the internal nodes in the top CACHE_LEVELS levels of every tree are
-# kept, addressed by heap position (0 root, 1-2 its children, 3-6 grandchildren). They are
-# the nodes whose boxes are the most expensive to grow on the fly (the largest subtrees).
-CACHE_LEVELS = 3
-CACHE_SLOTS = 7
+# Bounding boxes of the internal nodes in the top levels of every tree are kept, addressed
+# by heap position (0 root, 1-2 its children, 3-6 grandchildren, ...): they are the nodes
+# whose boxes are the most expensive to grow on the fly (the largest subtrees). The number
+# of levels is the box array's (2**levels - 1 slots); ``slots`` scratch arrays have one
+# entry per cached level.
 _NO_NODE = -(1 << 30)
 
 # Renormalise sampler weights when the decayed part grows past this (keeps float32 exact).
@@ -144,9 +144,9 @@ def _slot_mass(spid_g: np.ndarray, size: int, pid: int) -> int:
 @njit(cache=True)
 def _path_slots(path: np.ndarray, depth: int, leaf: int, left_t: np.ndarray,
                 slots: np.ndarray) -> None:
-    """Heap position of ``path[j]`` for the cached levels j < min(depth, CACHE_LEVELS)."""
+    """Heap position of ``path[j]`` for the cached levels j < min(depth, len(slots))."""
     pos = 0
-    for j in range(min(depth, CACHE_LEVELS)):
+    for j in range(min(depth, slots.shape[0])):
         slots[j] = pos
         child = path[j + 1] if j + 1 < depth else leaf
         pos = 2 * pos + 1 if left_t[path[j]] == child else 2 * pos + 2
@@ -162,7 +162,7 @@ def _compute_slot(slot: int, node: int, box_t: np.ndarray, left_t: np.ndarray,
     hi = box_t[slot, 1]
     lo[:] = np.inf
     hi[:] = -np.inf
-    if 2 * slot + 1 >= CACHE_SLOTS:
+    if 2 * slot + 1 >= box_t.shape[0]:
         _grow_subtree(node, left_t, right_t, spid_g, offset_m, arena_m, lo, hi, stack, dim)
         return
     for k in range(2):
@@ -182,14 +182,17 @@ def rebuild_top(root: int, box_t: np.ndarray, left_t: np.ndarray, right_t: np.nd
                 stack: np.ndarray) -> None:
     """Recompute every cached box of one tree (after its top levels changed shape)."""
     dim = box_t.shape[2]
-    nodes = np.full(CACHE_SLOTS, _NO_NODE, dtype=np.int64)
+    nslots = box_t.shape[0]
+    if nslots == 0:
+        return
+    nodes = np.full(nslots, _NO_NODE, dtype=np.int64)
     nodes[0] = root
-    for slot in range(CACHE_SLOTS // 2):
+    for slot in range(nslots // 2):
         n = nodes[slot]
         if n >= 0:
             nodes[2 * slot + 1] = left_t[n]
             nodes[2 * slot + 2] = right_t[n]
-    for slot in range(CACHE_SLOTS - 1, -1, -1):
+    for slot in range(nslots - 1, -1, -1):
         if nodes[slot] >= 0:
             _compute_slot(slot, nodes[slot], box_t, left_t, right_t, spid_g, offset_m, arena_m,
                           stack, dim)
@@ -259,7 +262,7 @@ def _score_tree(
     child = leaf
     for level in range(depth - 1, -1, -1):
         node = path[level]
-        if level < CACHE_LEVELS:
+        if level < slots.shape[0]:
             slot = slots[level]
             for d in range(dim):
                 lo[d] = box_t[slot, 0, d]
@@ -390,7 +393,7 @@ def _insert_leaf(
         if contains or level < 0:
             break
         parent = path[level]
-        if level < CACHE_LEVELS:
+        if level < slots.shape[0]:
             slot = slots[level]
             for d in range(dim):
                 lo[d] = box_t[slot, 0, d]
@@ -419,11 +422,11 @@ def _insert_leaf(
             left_t[parent] = node
         else:
             right_t[parent] = node
-    if saved_level + 1 < CACHE_LEVELS:
+    if saved_level + 1 < slots.shape[0]:
         # The new node sits in the cached levels: positions below it shifted.
         rebuild_top(root[m, t], box_t, left_t, right_t, spid_g, offset_m, arena_m, stack)
     else:
-        for level in range(CACHE_LEVELS):
+        for level in range(slots.shape[0]):
             blo = box_t[slots[level], 0]
             bhi = box_t[slots[level], 1]
             for d in range(dim):
@@ -483,19 +486,22 @@ def _delete_leaf(
             right_t[grand] = sibling
     left_t[parent] = free_head[m, t]
     free_head[m, t] = parent
-    if depth - 1 < CACHE_LEVELS:
+    levels = slots.shape[0]
+    if levels == 0:
+        return
+    if depth - 1 < levels:
         rebuild_top(root[m, t], box_t, left_t, right_t, spid_g, offset_m, arena_m, stack)
         return
     # The cached ancestors keep their places; their boxes shrink only if y was on the
     # boundary of the deepest one (it lies inside all of them).
-    deepest = box_t[slots[CACHE_LEVELS - 1]]
+    deepest = box_t[slots[levels - 1]]
     on_edge = False
     for d in range(y.shape[0]):
         if y[d] == deepest[0, d] or y[d] == deepest[1, d]:
             on_edge = True
             break
     if on_edge:
-        for level in range(CACHE_LEVELS - 1, -1, -1):
+        for level in range(levels - 1, -1, -1):
             _compute_slot(slots[level], path[level], box_t, left_t, right_t, spid_g, offset_m,
                           arena_m, stack, y.shape[0])
 
@@ -814,7 +820,10 @@ def advance(
     lo = np.empty(dim, dtype=np.float32)
     hi = np.empty(dim, dtype=np.float32)
     ybuf = np.empty(dim, dtype=np.float32)
-    slots = np.empty(CACHE_LEVELS, dtype=np.int64)
+    levels = 0
+    while (1 << (levels + 1)) - 1 <= box.shape[2]:
+        levels += 1
+    slots = np.empty(levels, dtype=np.int64)
     vhigh = np.empty(dim)
     vlow = np.empty(dim)
     ghigh = np.empty(dim)
