@@ -49,7 +49,8 @@ def _cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {
         "periodic": (t, np.stack([beat, rhythm, energy_beat], axis=1)),
         "fleet_like": (t, np.stack([temp, power, energy, clocks, fb, counter, noise, special,
-                                    ratio, np.full(40, 700.0), np.full(40, -0.0)], axis=1)),
+                                    ratio, np.full(40, 700.0), np.full(40, -0.0),
+                                    np.zeros(40)], axis=1)),
         "one_sample": (t[:1], np.array([[1.5, np.nan]])),
         "two_samples": (t[:2], np.array([[1.0], [2.0]])),
         "empty": (t[:0], np.zeros((0, 3))),
@@ -86,9 +87,10 @@ def test_kernel_matches_reference_and_golden(name: str) -> None:
 def test_each_encoding_is_chosen_where_it_wins() -> None:
     ts, vals = _cases()["fleet_like"]
     tags = codec.column_tags(codec.encode_group(ts, vals))
-    # temp, power, energy, clocks, fb, counter, noise, special, ratio, const, -0.0
+    # temp, power, energy, clocks, fb, counter, noise, special, ratio, const, -0.0, zero
     assert tags[6] == tags[7] == codec.C_XOR
     assert tags[9] == codec.C_CONST_INT and tags[10] == codec.C_CONST
+    assert tags[11] == codec.C_ZERO
     assert tags[5] == codec.C_DOD  # a counter with a constant rate: all dods are zero
     assert set(tags[:5]) | {tags[8]} <= {codec.C_DELTA, codec.C_DOD}
     small = codec.encode_group(ts, vals[:, [3, 4, 5, 9]])

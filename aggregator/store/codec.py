@@ -35,6 +35,7 @@ streams are MSB-first and padded with zero bits to a whole byte)::
     column  := u8 tag | body
       C_CONST     (1): u64 bits (8 bytes, little-endian)          all T values bitwise equal
       C_CONST_INT (2): i8 e | varint zz(n)                         all equal to n * 10**-e
+      C_ZERO      (6): nothing                                     all +0.0 (idle counters)
       C_XOR       (3): varint nbytes | bits: first value 64 bits, then per value
                        '0' (same) | '10' meaningful bits in the previous window |
                        '11' lz:5 sig:6 (0 means 64) then sig bits      (Gorilla's control bits)
@@ -51,9 +52,8 @@ Value of a scaled integer: ``n / 10**e`` when e >= 0, ``n * 10**-e`` when e < 0 
 -15 <= e <= 15); an encoder uses it only when that reproduces every value bit for bit. The
 encoder's e is the first value's smallest exponent (searched from 0 downwards while it
 fits, else upwards), raised while any later value does not fit.
-The encoder picks, per column: C_CONST if all bits are equal, else C_CONST_INT/C_DELTA/C_DOD
-(the fewest bits; DOD only when strictly smaller) if every value is such a decimal, else
-C_XOR. DELTA or DOD is decided with lag 1 (the fewest bits; DOD only when strictly
+The encoder picks, per column: C_ZERO, C_CONST_INT or C_CONST (the first that fits) if
+all bits are equal, else C_DELTA/C_DOD if every value is such a decimal, else C_XOR. DELTA or DOD is decided with lag 1 (the fewest bits; DOD only when strictly
 smaller); then, if that stream costs more than one bit per value, the lag (1..8) whose
 residuals have the fewest summed bit lengths on every other index from 1 + 8 (DELTA) or
 2 + 8 (DOD) on (ties: smaller lag) replaces lag 1 when its planned stream (bytes + width
@@ -79,6 +79,7 @@ __all__ = [
     "C_DELTA",
     "C_DOD",
     "C_XOR",
+    "C_ZERO",
     "CodecError",
     "column_layout",
     "column_tags",
@@ -97,6 +98,7 @@ C_CONST_INT: Final = 2
 C_XOR: Final = 3
 C_DELTA: Final = 4
 C_DOD: Final = 5
+C_ZERO: Final = 6
 E_MIN: Final = -15
 E_MAX: Final = 15
 N_LIMIT: Final = 1 << 53
@@ -626,8 +628,11 @@ def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, in
         if bits[i] != bits[0]:
             same = False
             break
-    e = _find_scale(col, bits, ints)
     if same:
+        if bits[0] == U64(0):
+            buf[pos] = C_ZERO
+            return pos + 1
+        e = _find_scale(col[:1], bits[:1], ints)
         if e <= E_MAX:
             buf[pos] = C_CONST_INT
             buf[pos + 1] = np.uint8(e & 0xFF)
@@ -637,6 +642,7 @@ def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, in
         for j in range(8):
             buf[pos + 1 + j] = np.uint8((v >> U64(8 * j)) & U64(0xFF))
         return pos + 9
+    e = _find_scale(col, bits, ints)
     if e > E_MAX:
         buf[pos] = C_XOR
         return _enc_xor(bits, buf, pos + 1)
@@ -734,6 +740,10 @@ def _skip_or_dec_column(buf: np.ndarray, words: np.ndarray, pos: int, end: int, 
         return -1
     tag = buf[pos]
     pos += 1
+    if tag == C_ZERO:
+        if decode:
+            out[:n] = 0
+        return pos
     if tag == C_CONST:
         if pos + 8 > end:
             return -1

@@ -15,7 +15,7 @@ __all__ = ["decode_gorilla", "decode_group", "encode_gorilla", "encode_group"]
 
 VERSION = 1
 TS_DOD = 1
-C_CONST, C_CONST_INT, C_XOR, C_DELTA, C_DOD = 1, 2, 3, 4, 5
+C_CONST, C_CONST_INT, C_XOR, C_DELTA, C_DOD, C_ZERO = 1, 2, 3, 4, 5, 6
 E_MIN, E_MAX = -15, 15
 MAX_LAG = 8
 MASK64 = (1 << 64) - 1
@@ -317,6 +317,8 @@ def enc_column(col: list[float]) -> bytes:
     bits = [f2u(v) for v in col]
     found = None if any(b == 1 << 63 for b in bits) else find_scale(col)
     if all(b == bits[0] for b in bits):
+        if bits[0] == 0:
+            return bytes([C_ZERO])
         if found is not None:
             e, ints = found
             return bytes([C_CONST_INT, e & 0xFF]) + varint(zz(ints[0]))
@@ -375,6 +377,8 @@ def best_lag(x: list[int], f: int) -> int:
 
 def dec_column(r: Reader, n: int) -> list[int]:
     tag = r.byte()
+    if tag == C_ZERO:
+        return [0] * n
     if tag == C_CONST:
         if r.pos + 8 > len(r.data):
             raise ValueError("truncated constant")
