@@ -14,6 +14,10 @@ children's progress rather than on one partition-wide watermark is what keeps th
 independent of how fast the different sample partitions were consumed (a backlog replay
 runs them at very different speeds). Children arriving for a closed window are counted as
 late. Children are merged in name order, so sums are bit-for-bit the same on every replay.
+
+"Every child" means every child this partition has seen (persisted in the checkpoint): a
+rack whose very first rollup arrives after its row's windows closed on its siblings'
+progress is late for those windows. After the first minutes every rack is known.
 """
 
 from __future__ import annotations
