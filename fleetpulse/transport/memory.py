@@ -115,8 +115,10 @@ class MemoryBroker:
         if partitions < 1:
             raise ValueError(f"topic {topic!r} needs at least one partition")
         with self._lock:
-            parts = self._topics.setdefault(topic, [])
-            parts.extend(_Partition() for _ in range(partitions - len(parts)))
+            # Like Kafka's CreateTopics: an existing topic keeps its partitions (adding some
+            # would move keys to other partitions).
+            if topic not in self._topics:
+                self._topics[topic] = [_Partition() for _ in range(partitions)]
 
     def partitions(self, topic: str) -> int:
         with self._lock:
