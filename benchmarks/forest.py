@@ -175,7 +175,8 @@ def resident_bytes_per_model(name: str, config: EngineConfig, models: int = 8,
         return round(pool.apply(_rss_probe, (name, config, models, steps)))
 
 
-def run_engine(name: str, config: EngineConfig, stream: Stream, warm: int) -> Run:
+def run_engine(name: str, config: EngineConfig, stream: Stream, warm: int,
+               measure_rss: bool = True) -> Run:
     steps, models = stream.points.shape[:2]
     ids = np.arange(models, dtype=np.int64)
     engine: ForestEngine = make_engine(name, config)
@@ -191,7 +192,8 @@ def run_engine(name: str, config: EngineConfig, stream: Stream, warm: int) -> Ru
             cpu += time.process_time() - start
     checkpoint = int(np.mean([len(engine.checkpoint(m)) for m in range(min(models, 4))]))
     return Run(name, scores, models * (steps - warm) / max(cpu, 1e-9),
-               engine.model_bytes(0), checkpoint, resident_bytes_per_model(name, config))
+               engine.model_bytes(0), checkpoint,
+               resident_bytes_per_model(name, config) if measure_rss else 0)
 
 
 def warm_up_numba(config: EngineConfig) -> None:
@@ -309,7 +311,7 @@ def main() -> None:
                                     args.seed)
         fconfig = replace(config, dims=fdims)
         for key in ("numba", "krcf"):
-            frun = run_engine(key, fconfig, fleet, fconfig.sample_size)
+            frun = run_engine(key, fconfig, fleet, fconfig.sample_size, measure_rss=False)
             result["engines"][key]["fleet"] = {
                 **quality(frun, fleet, fconfig.sample_size),
                 "updates_per_s": round(frun.updates_per_s),
