@@ -22,6 +22,7 @@ from agent.sources.base import Gathered, SourceContext, open_source
 from agent.sources.dcgm import DcgmSource
 from agent.sources.dcgm_parse import parse_exposition
 from agent.spool import Spool
+from benchmarks.shared_data import DCGM_FIXTURES
 from fleetpulse.config import ConfigError, TransportConfig
 from fleetpulse.transport.memory import MemoryTransport
 from schemas.frame import SampleFrame, decode_frame
@@ -30,9 +31,7 @@ from schemas.records import EventKind, EventRecord
 from schemas.topics import Topics
 
 REPO = Path(__file__).resolve().parents[1]
-H100 = Path("/work/shared/fixtures/dcgm-exporter/sample-h100-8gpu.prom")
-if not H100.exists():
-    H100 = REPO.parent / "shared" / "fixtures" / "dcgm-exporter" / "sample-h100-8gpu.prom"
+H100 = DCGM_FIXTURES / "sample-h100-8gpu.prom"
 IDENT = NodeIdentity("c1", "row-a", "rack-03", "node-17")
 
 

@@ -17,14 +17,13 @@ import pytest
 from aiohttp import web
 
 from agent.spool import Spool
+from benchmarks.shared_data import DCGM_FIXTURES
 from schemas.catalog import BY_NAME
 from schemas.frame import decode_frame
 from schemas.records import EventKind, EventRecord
 
 REPO = Path(__file__).resolve().parents[1]
-H100 = Path("/work/shared/fixtures/dcgm-exporter/sample-h100-8gpu.prom")
-if not H100.exists():
-    H100 = REPO.parent / "shared" / "fixtures" / "dcgm-exporter" / "sample-h100-8gpu.prom"
+H100 = DCGM_FIXTURES / "sample-h100-8gpu.prom"
 
 
 def agent_env(tmp: Path, **extra: str) -> dict[str, str]:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 
+from benchmarks.shared_data import DCGM_FIXTURES
 from schemas.catalog import BY_DCGM_FIELD, BY_NAME, CATALOG, Kind, metric_ids, to_base_units
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "dcgm-exporter"
+FIXTURES = DCGM_FIXTURES
 
 
 def test_names_follow_prometheus_conventions() -> None:

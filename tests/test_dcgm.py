@@ -19,13 +19,12 @@ from aiohttp import web
 from agent.sources.base import SourceContext, SourceError, open_source
 from agent.sources.dcgm import DcgmSource
 from agent.sources.dcgm_parse import INT64_SENTINEL_MIN, parse_exposition
+from benchmarks.shared_data import DCGM_FIXTURES
 from schemas.catalog import BY_DCGM_FIELD, BY_ID, to_base_units
 from schemas.identity import NodeIdentity
 from schemas.records import EventKind
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "dcgm-exporter"
-if not FIXTURES.is_dir():
-    FIXTURES = Path("/work/shared/fixtures/dcgm-exporter")
+FIXTURES = DCGM_FIXTURES
 FILES = sorted(FIXTURES.glob("*.prom"))
 
 _LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)\s*$")
