@@ -80,12 +80,12 @@ class RackModelConfig:
     """Windows per shingled point."""
     z: float = 6.0
     """Threshold z factor (as for GPUs)."""
-    floor: float = 2.0
+    floor: float = 2.2
     """Threshold floor."""
-    warmup: int = 30
+    warmup: int = 60
     """Cold start in windows (after the engine's own ``sample_size / 4``)."""
-    open_after: int = 2
-    """Consecutive anomalous windows that open a rack alert."""
+    open_after: int = 3
+    """Anomalous windows (nearly consecutive, of about the last 4) that open a rack alert."""
     resolve_after: int = 4
     """Consecutive quiet windows that resolve it."""
 

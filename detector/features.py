@@ -27,9 +27,9 @@ utilization          GPU utilisation * 2.5 (1 unit = 40 %). With temperature in 
                      vector, "hot while training" and "hot while idle" land in different
                      regions.
 sm_clock             SM clock / the highest clock this GPU has shown * 2.5 (1 unit = 40 %)
-util_vs_node         utilisation minus the median of the GPUs of the same node * 10: a
+util_vs_node         utilisation minus the median of the GPUs of the same node * 20: a
                      straggler is pinned at 100 % while its peers wait for it
-power_vs_node        power fraction minus the node median * 10
+power_vs_node        power fraction minus the node median * 20
 throttle             clock-event reason bits: 2 for a hardware slowdown (HW slowdown,
                      HW thermal, HW power brake), 1 for software thermal slowdown, else 0
 ecc_sbe_increase     ``2 * log1p(increase / 4)`` of the volatile single-bit ECC counter: a
@@ -249,8 +249,8 @@ class FeatureState:
         feats[:, 5] = np.where(mc > 0, clock / np.where(mc > 0, mc, 1.0), np.nan) * 2.5
 
         # Peers on the same node.
-        feats[:, 6] = (util - group_median(util, node_groups)) * 10.0
-        feats[:, 7] = (pfrac - group_median(pfrac, node_groups)) * 10.0
+        feats[:, 6] = (util - group_median(util, node_groups)) * 20.0
+        feats[:, 7] = (pfrac - group_median(pfrac, node_groups)) * 20.0
 
         bits = row[:, COL["clock_event_reasons"]]
         ibits = np.where(np.isfinite(bits), bits, 0.0).astype(np.int64)

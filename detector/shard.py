@@ -231,7 +231,7 @@ class DetectorShard:
         size = np.bincount(inv)
         hits = np.bincount(inv, weights=recent.astype(np.float64))
         shared = ((hits >= 2) & (hits >= ac.node_veto * size))[inv]
-        apart = (np.abs(feats[:, _UTIL_VS_NODE]) >= 3.0) | (np.abs(feats[:, _POWER_VS_NODE]) >= 3.0)
+        apart = (np.abs(feats[:, _UTIL_VS_NODE]) >= 6.0) | (np.abs(feats[:, _POWER_VS_NODE]) >= 6.0)
         return anomalous & ~(shared & ~apart)
 
     def _rack_step(self, racks: npt.NDArray[np.int64], starts: npt.NDArray[np.int64],

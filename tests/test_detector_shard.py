@@ -102,3 +102,25 @@ def test_corrupt_or_foreign_checkpoint_is_refused() -> None:
         assert "corrupt" in str(exc)
     else:
         raise AssertionError("a torn checkpoint was accepted")
+
+
+def test_a_change_the_whole_node_shares_is_a_job_not_a_fault() -> None:
+    def new_regime(data: np.ndarray, gpus: slice) -> None:
+        # A workload never seen before: half load, clocks pinned low, and hot.
+        data[450:, gpus, COL["utilization_ratio"]] = 0.5
+        data[450:, gpus, COL["sm_clock_hertz"]] = 0.9e9
+        data[450:, gpus, COL["power_usage_watts"]] = 330.0
+        data[450:, gpus, COL["temperature_celsius"]] += 15.0
+
+    together, ids, nodes = _shard(8)
+    data = healthy(650, 8, seed=9)
+    new_regime(data, slice(0, 4))  # every GPU of node-0
+    alerts = together.process(ids, nodes, timestamps(650), data)
+    assert not [a for a in alerts if a.source.startswith("model:") and a.level == "gpu"]
+
+    alone, ids, nodes = _shard(8)
+    data = healthy(650, 8, seed=9)
+    new_regime(data, slice(2, 3))  # only node-0/gpu-2
+    alerts = alone.process(ids, nodes, timestamps(650), data)
+    fired = {a.entity for a in alerts if a.source.startswith("model:") and a.level == "gpu"}
+    assert fired == {f"{RACK}/node-0/gpu-2"}

@@ -70,7 +70,7 @@ def test_peer_features_single_out_the_straggler() -> None:
     row[:, COL["utilization_ratio"]] = 0.5
     row[3, COL["utilization_ratio"]] = 1.0
     feats, _ = st.step(np.arange(8), row, np.zeros(8, dtype=np.int64))
-    assert feats[3, F["util_vs_node"]] == 5.0
+    assert feats[3, F["util_vs_node"]] == 10.0
     assert np.all(np.delete(feats[:, F["util_vs_node"]], 3) == 0.0)
 
 
