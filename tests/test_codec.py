@@ -234,3 +234,37 @@ def test_empty_wide_group_and_absurd_headers() -> None:
         codec.decode_group(bytes([1, 1]) + bytes([0x80, 0x80, 0x80, 0x80, 0x80, 0x20]))
     with pytest.raises(codec.CodecError):
         codec.decode_group(bytes([1, 0xE8, 0x07, 5, 1, 0]))
+
+
+def test_decode_selected_matches_decode_group_for_many_chunks() -> None:
+    cases = _cases()
+    names = ["fleet_like", "periodic", "one_sample", "huge_gaps", "empty", "two_samples"]
+    blobs = [codec.encode_group(*cases[n]) for n in names]
+    picks = [[0, 4, 11], [1], [1], [], [], [0]]
+    gap = b"\xff" * 5  # the store's record framing sits between blobs
+    buf = gap.join(blobs)
+    starts, pos = [], 0
+    for b in blobs:
+        starts.append(pos)
+        pos += len(b) + len(gap)
+    ends = [s + len(b) for s, b in zip(starts, blobs, strict=True)]
+    colptr = np.cumsum([0] + [len(p) for p in picks])
+    counts, ts, vals = codec.decode_selected(np.frombuffer(buf, np.uint8), starts, ends, colptr,
+                                             np.concatenate([np.array(p, np.int64)
+                                                             for p in picks]))
+    t_at = v_at = 0
+    for name, pick, n in zip(names, picks, counts.tolist(), strict=True):
+        want_ts, want_v = cases[name]
+        assert n == (want_ts.size if pick else 0)
+        assert ts[t_at:t_at + n].tolist() == want_ts.tolist()[:n]
+        t_at += n
+        for j in pick:
+            assert _bits(vals[v_at:v_at + n]) == _bits(want_v[:, j])
+            v_at += n
+    assert v_at == vals.size
+    with pytest.raises(codec.CodecError, match="column selection"):
+        codec.decode_selected(np.frombuffer(blobs[0], np.uint8), [0], [len(blobs[0])], [0, 2],
+                              [4, 0])  # not increasing
+    with pytest.raises(codec.CodecError):
+        codec.decode_selected(np.frombuffer(blobs[0], np.uint8), [0], [len(blobs[0]) - 9],
+                              [0, 1], [11])  # cut short

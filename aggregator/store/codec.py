@@ -86,6 +86,7 @@ __all__ = [
     "decode_gorilla",
     "decode_group",
     "decode_groups",
+    "decode_selected",
     "encode_gorilla",
     "encode_group",
     "encode_groups",
@@ -925,6 +926,75 @@ def _dec_groups(buf: np.ndarray, offsets: np.ndarray, ts_out: np.ndarray,
 
 
 @nb.njit(cache=True)
+def _sample_counts(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, colptr: np.ndarray,
+                   cols: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    """T of each blob, or -1 when its header is bad or its column selection is not strictly
+    increasing within range."""
+    out = np.empty(starts.size, np.int64)
+    for r in range(starts.size):
+        p, k, n = _dec_header(buf, starts[r], ends[r])
+        out[r] = n if p >= 0 else -1
+        for q in range(colptr[r], colptr[r + 1]):
+            if cols[q] < 0 or cols[q] >= k or (q > colptr[r] and cols[q] <= cols[q - 1]):
+                out[r] = -1
+    return out
+
+
+@nb.njit(inline="always", cache=True)
+def _fill_words(buf: np.ndarray, words: np.ndarray, a: int, b: int) -> None:
+    # pragma: no cover - numba
+    """Big-endian words covering bytes [a, b) plus the reader's look-ahead."""
+    for j in range(a >> 3, min((b >> 3) + 3, words.size)):
+        v = U64(0)
+        for i in range(8):
+            v = (v << U64(8)) | U64(buf[8 * j + i])
+        words[j] = v
+
+
+@nb.njit(cache=True)
+def _dec_selected(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, colptr: np.ndarray,
+                  cols: np.ndarray, ts_off: np.ndarray, val_off: np.ndarray, ts_out: np.ndarray,
+                  val_out: np.ndarray) -> int:  # pragma: no cover - numba
+    """Decode the selected (sorted) columns of many blobs into flat outputs; -1-r on error.
+
+    Only the bytes of decoded sections are turned into words: skipping a column reads its
+    header alone, so a narrow read of a wide group costs little more than its columns.
+    """
+    words = np.empty(buf.size // 8, np.uint64)
+    tmp = np.empty(1, np.int64)
+    for r in range(starts.size):
+        end = ends[r]
+        pos, k, n = _dec_header(buf, starts[r], end)
+        if pos < 0:
+            return -1 - r
+        if n == 0 or colptr[r] == colptr[r + 1]:
+            continue
+        if tmp.size < n:
+            tmp = np.empty(n, np.int64)
+        _fill_words(buf, words, pos, min(end, pos + 10 + (n * 68 + 71) // 8))
+        pos = _dec_ts(buf, words, pos, end, n, ts_out[ts_off[r]:ts_off[r] + n])
+        if pos < 0:
+            return -1 - r
+        q = colptr[r]
+        base = val_off[r]
+        for j in range(k):
+            nxt = _skip_or_dec_column(buf, words, pos, end, n, val_out[base:base + n], tmp, False)
+            if nxt < 0:
+                return -1 - r
+            if q < colptr[r + 1] and cols[q] == j:
+                a = base + (q - colptr[r]) * n
+                _fill_words(buf, words, pos, nxt)
+                if _skip_or_dec_column(buf, words, pos, end, n, val_out[a:a + n], tmp,
+                                       True) != nxt:
+                    return -1 - r
+                q += 1
+            pos = nxt
+            if q == colptr[r + 1]:
+                break  # the rest of the blob holds no wanted column
+    return 0
+
+
+@nb.njit(cache=True)
 def _enc_gorilla(ts: np.ndarray, bits: np.ndarray, buf: np.ndarray) -> int:  # pragma: no cover
     pos = _varint(buf, 0, U64(ts.size))
     if ts.size == 0:
@@ -1047,6 +1117,51 @@ def decode_groups(buffer: npt.ArrayLike, offsets: npt.ArrayLike, k: int, n: int
     if rc != 0:
         raise CodecError(f"group {-1 - rc} of {g} is corrupt or not of shape k={k}, T={n}")
     return ts, out.view(np.float64).transpose(0, 2, 1)
+
+
+def decode_selected(buffer: npt.ArrayLike, starts: npt.ArrayLike, ends: npt.ArrayLike,
+                    colptr: npt.ArrayLike, columns: npt.ArrayLike
+                    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                               npt.NDArray[np.float64]]:
+    """Decode chosen columns of many chunks in one call (the store's read path).
+
+    Chunk r is ``buffer[starts[r]:ends[r]]``; its wanted columns are
+    ``columns[colptr[r]:colptr[r+1]]``, strictly increasing. Returns ``(counts, ts, values)``:
+    chunk r has ``counts[r]`` samples; its timestamps are the next ``counts[r]`` of ``ts``
+    and its values the next ``counts[r] * c_r`` of ``values``, one column after another.
+    Trailing bytes after a chunk's last wanted column are not checked (the store's records
+    carry their own CRC).
+    """
+    raw = np.asarray(buffer, dtype=np.uint8)
+    if raw.size % 8 == 0 and raw.size >= PAD and not raw[-PAD:].any():
+        buf, end = raw, raw.size - PAD  # already padded by the caller: no copy
+    else:
+        buf, end = _padded(raw)
+    st = np.ascontiguousarray(starts, dtype=np.int64)
+    en = np.ascontiguousarray(ends, dtype=np.int64)
+    ptr = np.ascontiguousarray(colptr, dtype=np.int64)
+    cols = np.ascontiguousarray(columns, dtype=np.int64)
+    if (st.ndim != 1 or en.shape != st.shape or ptr.size != st.size + 1
+            or (st.size and (st.min() < 0 or en.max() > end or np.any(en < st)))
+            or ptr[0] != 0 or ptr[-1] != cols.size or np.any(np.diff(ptr) < 0)):
+        raise CodecError(f"starts / ends / colptr do not fit a buffer of {end} bytes and "
+                         f"{cols.size} columns")
+    counts = _sample_counts(buf, st, en, ptr, cols)
+    if counts.size and counts.min() < 0:
+        bad = int(np.argmin(counts))
+        raise CodecError(f"chunk {bad} of {counts.size}: bad header or column selection")
+    widths = np.diff(ptr)
+    counts = np.where(widths > 0, counts, 0)
+    ts_off = np.zeros(counts.size + 1, np.int64)
+    np.cumsum(counts, out=ts_off[1:])
+    val_off = np.zeros(counts.size + 1, np.int64)
+    np.cumsum(counts * widths, out=val_off[1:])
+    ts = np.empty(int(ts_off[-1]), np.int64)
+    vals = np.empty(int(val_off[-1]), np.uint64)
+    rc = _dec_selected(buf, st, en, ptr, cols, ts_off, val_off, ts, vals)
+    if rc != 0:
+        raise CodecError(f"chunk {-1 - rc} of {counts.size} is corrupt")
+    return counts, ts, vals.view(np.float64)
 
 
 def encode_gorilla(ts: npt.ArrayLike, values: npt.ArrayLike) -> bytes:

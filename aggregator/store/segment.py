@@ -28,12 +28,13 @@ only tear the tail of an append-only file; anything after a bad record is unreac
 
 from __future__ import annotations
 
+import io
 import os
 import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Final
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -140,15 +141,29 @@ def decode_record_body(body: bytes) -> tuple[RecordInfo, bytes]:
     return RecordInfo(0, 0, kind, n, t_min, t_max, chunk_key, ids), body[end:]
 
 
-def read_record_blob(f: BinaryIO, offset: int, length: int) -> bytes:
-    """Read and CRC-check one record at ``offset``; returns its codec blob."""
-    f.seek(offset)
-    raw = f.read(length)
-    magic, body_len, crc = RECORD_HEADER.unpack_from(raw, 0)
-    body = raw[RECORD_HEADER.size:]
-    if magic != RECORD_MAGIC or len(body) != body_len or zlib.crc32(body) != crc:
-        raise SegmentError(f"record at offset {offset} failed its check on read")
-    return decode_record_body(body)[1]
+def read_records_into(f: io.BufferedReader, offsets: list[int], lengths: list[int], out: memoryview,
+                      at: int) -> list[tuple[int, int]]:
+    """Read records (each CRC-checked) into ``out`` from byte ``at`` on, back to back.
+
+    Returns each record's codec blob as (start, end) within ``out``. The read path uses
+    this to hand every blob of a query to one decoder call without a copy per record.
+    """
+    spans = []
+    for offset, length in zip(offsets, lengths, strict=True):
+        f.seek(offset)
+        rec = out[at:at + length]
+        if f.readinto(rec) != length:
+            raise SegmentError(f"record at offset {offset} is short on read")
+        magic, body_len, crc = RECORD_HEADER.unpack_from(rec, 0)
+        body = rec[RECORD_HEADER.size:]
+        if magic != RECORD_MAGIC or len(body) != body_len or zlib.crc32(body) != crc:
+            raise SegmentError(f"record at offset {offset} failed its check on read")
+        form, k = body[1], int.from_bytes(body[4:8], "little")
+        ids_len = 16 if form == 0 else 8 * k if form == 8 else 8 + form * (k - 1)
+        start = at + RECORD_HEADER.size + BODY_HEADER.size + ids_len
+        spans.append((start, at + length))
+        at += length
+    return spans
 
 
 def scan_segment(path: Path, truncate: bool = True) -> tuple[int, int, list[RecordInfo]]:

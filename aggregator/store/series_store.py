@@ -41,7 +41,7 @@ from aggregator.store.segment import (
     encode_record,
     fsync_dir,
     parse_segment_name,
-    read_record_blob,
+    read_records_into,
     scan_segment,
     segment_name,
     write_file_header,
@@ -141,6 +141,14 @@ class ReadResult:
     @property
     def counts(self) -> I64:
         return np.diff(self.offsets)
+
+    def take(self, which: I64, series_ids: I64) -> ReadResult:
+        """The series ``which[i]`` of this result as series i of a new one (repeats allowed)."""
+        counts = self.counts[which]
+        offsets = np.zeros(which.size + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        idx = np.repeat(self.offsets[which] - offsets[:-1], counts) + np.arange(int(offsets[-1]))
+        return ReadResult(series_ids.copy(), offsets, self.ts[idx], self.values[idx])
 
 
 @dataclass(slots=True)
@@ -386,39 +394,56 @@ class SeriesStore:
         """Samples of ``series_ids`` with ``start_ms <= ts < end_ms`` (flushed or not)."""
         self._check_open()
         self._spec(tier)
-        wanted = np.ascontiguousarray(series_ids, dtype=np.int64).reshape(-1)
+        asked = np.ascontiguousarray(series_ids, dtype=np.int64).reshape(-1)
+        wanted, inverse = np.unique(asked, return_inverse=True)
         w_idx, w_gid, w_col = self._groups[tier].lookup(wanted)
-        by_gid: dict[int, tuple[I64, I64]] = {}
+        by_gid: dict[int, tuple[I64, I64]] = {}  # group -> (wanted index, column), by column
         for g in np.unique(w_gid).tolist():
-            sel = w_gid == g
-            by_gid[g] = (w_idx[sel], w_col[sel])
+            sel = np.flatnonzero(w_gid == g)
+            order = np.argsort(w_col[sel])
+            by_gid[g] = (w_idx[sel][order], w_col[sel][order])
         gids = np.fromiter(by_gid, np.int64, len(by_gid))
         pieces = _Pieces()
+        plan: list[tuple[_Segment, I64]] = []
         if gids.size:
             for start in sorted(self._segments[tier]):
                 seg = self._segments[tier][start]
                 if seg.end_ms <= start_ms or seg.start_ms >= end_ms:
                     continue
                 recs = seg.records.select(gids, start_ms, end_ms)
-                if recs.size == 0:
-                    continue
+                if recs.size:
+                    plan.append((seg, recs))
+        if plan:
+            total = sum(seg.records.length[r] for seg, recs in plan for r in recs.tolist())
+            buf = np.zeros((total + codec.PAD + 7) // 8 * 8, np.uint8)
+            spans: list[tuple[int, int]] = []
+            rec_w: list[I64] = []
+            rec_c: list[I64] = []
+            for seg, recs in plan:
+                rows = recs.tolist()
                 with open(seg.path, "rb") as f:
-                    for r in recs.tolist():
-                        widx, cols = by_gid[int(seg.records.gid[r])]
-                        try:
-                            blob = read_record_blob(f, seg.records.offset[r],
-                                                    seg.records.length[r])
-                            ts, vals = codec.decode_group(blob, cols)
-                        except (SegmentError, codec.CodecError) as exc:
-                            raise StoreError(f"{seg.path}: {exc} (changed on disk since "
-                                             "open?); no data returned") from exc
-                        pieces.add(widx, ts, vals)
+                    try:
+                        spans += read_records_into(
+                            f, [seg.records.offset[r] for r in rows],
+                            [seg.records.length[r] for r in rows], buf.data,
+                            spans[-1][1] if spans else 0)
+                    except SegmentError as exc:
+                        raise StoreError(f"{seg.path}: {exc} (changed on disk since open?); "
+                                         "no data returned") from exc
+                for r in rows:
+                    widx, cols = by_gid[int(seg.records.gid[r])]
+                    rec_w.append(widx)
+                    rec_c.append(cols)
+            pieces.add_records(buf, spans, rec_w, rec_c)
         head = self._head[tier]
         for g, (widx, cols) in by_gid.items():
             grp = head.get(g)
             if grp is not None and grp.n:
                 pieces.add(widx, grp.ts[:grp.n].copy(), grp.values[:grp.n][:, cols])
-        return pieces.assemble(wanted, start_ms, end_ms)
+        result = pieces.assemble(wanted, start_ms, end_ms)
+        if wanted.size == asked.size and np.array_equal(wanted, asked):
+            return result
+        return result.take(inverse.reshape(-1), asked)
 
     def series_ids(self, tier: str) -> I64:
         """Every series id the tier has held since open (on disk or in the head), sorted."""
@@ -593,6 +618,28 @@ class _Pieces:
         self.w: list[I64] = []
         self.ts: list[I64] = []
         self.v: list[F64] = []
+
+    def add_records(self, buf: npt.NDArray[np.uint8], spans: list[tuple[int, int]],
+                    rec_w: list[I64], rec_c: list[I64]) -> None:
+        """Decode the chosen columns of many records (blobs at ``spans`` of ``buf``) at once."""
+        widths = np.fromiter((c.size for c in rec_c), np.int64, len(rec_c))
+        colptr = np.zeros(len(rec_c) + 1, np.int64)
+        np.cumsum(widths, out=colptr[1:])
+        se = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+        try:
+            counts, ts, vals = codec.decode_selected(buf, se[:, 0], se[:, 1], colptr,
+                                                     np.concatenate(rec_c))
+        except codec.CodecError as exc:
+            raise StoreError(f"{exc}; no data returned") from exc
+        n_per_col = np.repeat(counts, widths)  # samples of each decoded column
+        ts_start = np.zeros(counts.size, np.int64)
+        np.cumsum(counts[:-1], out=ts_start[1:])
+        starts = np.repeat(ts_start, widths)  # where each column's timestamps begin in ts
+        seg_start = np.cumsum(n_per_col) - n_per_col
+        idx = np.repeat(starts - seg_start, n_per_col) + np.arange(int(n_per_col.sum()))
+        self.w.append(np.repeat(np.concatenate(rec_w), n_per_col))
+        self.ts.append(ts[idx])
+        self.v.append(vals)
 
     def add(self, widx: I64, ts: I64, vals: F64) -> None:
         """``vals`` is (T, c): column j belongs to wanted series ``widx[j]``."""
