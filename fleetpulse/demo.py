@@ -80,8 +80,9 @@ class DemoConfig:
     """Simulated seconds per wall-clock second (1 = real time)."""
     duration_s: float = 0.0
     """Wall-clock seconds to run; 0 runs until SIGINT/SIGTERM."""
-    fault_horizon_s: float = 1800.0
-    """Simulated span the fault plan covers when ``duration_s`` is 0."""
+    fault_horizon_s: float = 600.0
+    """Simulated span the fault plan covers when ``duration_s`` is 0 (faults start within
+    its first 60 %, so they show in the first minutes of a demo)."""
     faults: int = 8
     """Faults to inject (kinds cycle, so 8 or more include every kind)."""
     fault_kinds: tuple[str, ...] = ()
@@ -405,6 +406,53 @@ def _hms(s: float) -> str:
     return f"{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
+# ------------------------------------------------------------------------------ scores
+class ScoreTap:
+    """Watches a detector shard's GPU model bank and keeps each model's newest score.
+
+    The page's "anomaly score" colouring needs every GPU's current score and threshold;
+    the detector publishes only alert transitions. This proxy passes every call through to
+    the bank unchanged (checkpoints included) and copies two arrays per step, so the
+    detector behaves exactly as without it.
+    """
+
+    def __init__(self, bank: Any) -> None:
+        self._bank = bank
+        self.scores = np.full(0, np.nan)
+        self.thresholds = np.full(0, np.nan)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bank, name)
+
+    def step(self, ids: npt.NDArray[np.int64], *args: Any, **kwargs: Any) -> Any:
+        res = self._bank.step(ids, *args, **kwargs)
+        if ids.size:
+            need = int(ids.max()) + 1
+            if need > self.scores.size:
+                grow = need - self.scores.size
+                self.scores = np.concatenate([self.scores, np.full(grow, np.nan)])
+                self.thresholds = np.concatenate([self.thresholds, np.full(grow, np.nan)])
+            self.scores[ids] = res.batch.scores
+            self.thresholds[ids] = res.thresholds
+        return res
+
+    @staticmethod
+    def collect(detector: DetectorService) -> dict[str, tuple[float, float]]:
+        """Newest (score, threshold) per GPU path over all shards; installs taps as needed."""
+        out: dict[str, tuple[float, float]] = {}
+        for shard in list(detector.shards.values()):
+            tap = shard.gpu_bank
+            if not isinstance(tap, ScoreTap):
+                shard.gpu_bank = ScoreTap(tap)  # type: ignore[assignment]
+                continue
+            n = min(tap.scores.size, len(shard.gpu_paths))
+            ok = np.flatnonzero(np.isfinite(tap.scores[:n]))
+            for i, sc, th in zip(ok.tolist(), tap.scores[ok].tolist(),
+                                 tap.thresholds[ok].tolist(), strict=True):
+                out[shard.gpu_paths[i]] = (round(sc, 3), round(th, 3))
+        return out
+
+
 # ------------------------------------------------------------------------------ the runner
 @dataclass(slots=True)
 class DemoRun:
@@ -544,6 +592,7 @@ async def run_demo(
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await stop.wait()
+            board.set_scores(ScoreTap.collect(detector))
             if cfg.progress_s:
                 text, prev = run.status_line(prev)
                 view.status(text)

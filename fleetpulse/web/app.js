@@ -168,6 +168,7 @@
     }
     ingest(data.result, start, n);
     trimEmptyTail();
+    trimEmptyHead();
     S.domain = robustDomain();
     if (S.live || S.frame < 0) S.frame = S.frames.length - 1;
     S.frame = Math.min(S.frame, S.frames.length - 1);
@@ -181,6 +182,17 @@
     while (S.frames.length > 1 && !S.frames[S.frames.length - 1].some((v) => !Number.isNaN(v))) {
       S.frames.pop();
       S.times.pop();
+    }
+  }
+
+  // Drops leading empty frames too: a fleet younger than the range starts the scrubber at
+  // its first data, not at an hour of blank cells.
+  function trimEmptyHead() {
+    let k = 0;
+    while (k < S.frames.length - 1 && !S.frames[k].some((v) => !Number.isNaN(v))) k++;
+    if (k) {
+      S.frames.splice(0, k);
+      S.times.splice(0, k);
     }
   }
 
@@ -540,6 +552,13 @@
         ctx.strokeStyle = SEVERITY_COLOR[r];
       }
       const o = Math.max(lw, 2);
+      const stroke = ctx.strokeStyle;
+      // a dark halo first, so the ring reads on bright and dark cells alike
+      ctx.strokeStyle = "#101418";
+      ctx.lineWidth = lw + 2;
+      ctx.strokeRect(x[c] - o / 2, y[c] - o / 2, s - 1 + o, s - 1 + o);
+      ctx.strokeStyle = stroke;
+      ctx.lineWidth = lw;
       ctx.strokeRect(x[c] - o / 2, y[c] - o / 2, s - 1 + o, s - 1 + o);
     }
     for (const g of L.groups) {
@@ -747,7 +766,8 @@
       li.dataset.level = a.level;
       const ent = document.createElement("div");
       ent.className = "entity";
-      ent.textContent = `${a.state === "firing" ? "●" : "○"} ${a.entity}`;
+      // zero-width spaces after the slashes: long paths wrap between names, not inside them
+      ent.textContent = `${a.state === "firing" ? "●" : "○"} ${a.entity.replace(/\//g, "/\u200b")}`;
       const sum = document.createElement("div");
       sum.className = "summary";
       sum.textContent = a.summary;
