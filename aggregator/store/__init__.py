@@ -12,6 +12,8 @@ Public API (the aggregator codes against exactly this; everything else is intern
     r = store.read("raw", series_ids, start_ms, end_ms)   # half-open [start_ms, end_ms)
     r.series(i) -> (ts int64[n], values float64[n])        # or the CSR arrays below
     store.downsample("raw", "10s", ids, "max", start_ms, end_ms)  # tier below -> tier above
+    store.maintain()                  # compaction + retention by event time; flush() runs it
+                                      # by itself when a tier enters a new segment
     store.enforce_retention(now_ms)   # deletes whole segment files past each tier's retention
     store.compact(now_ms)             # rewrites finished segments without superseded partials
     store.tiers["10s"].resolution_ms  # the TierSpec of each tier, by name (read-only)
