@@ -8,14 +8,17 @@ another segment. :meth:`SeriesStore.flush` makes the still-open part durable too
 written and every directory changed. So a flush costs bytes proportional to what was
 appended, not to the open chunk, and data is never held only in memory past a flush.
 
-Partial records are superseded once their chunk is sealed; :meth:`SeriesStore.compact`
-rewrites finished segments without them (write, fsync, rename). Until then reads see both
-and the "last write wins" rule (see the package docstring) makes the overlap harmless.
+Partial records are superseded once their chunk is sealed: reads skip them, and
+compaction (:meth:`SeriesStore.maintain`, run by ``flush`` when a tier's newest sample enters
+a new segment) rewrites each finished segment once without them (write, fsync, rename) and
+saves its index beside it. Retention deletes whole segments by event time.
 
-Read path: an in-memory index per segment (rebuilt at open by scanning record headers,
-which also truncates torn tails) holds, columnar, each record's time range and which series
-it contains; a read decodes only the wanted columns of only the overlapping records, adds
-the head's samples, then orders by time and keeps the last write per timestamp.
+Read path: per tier, series map to groups (:class:`~aggregator.store.index.GroupRegistry`);
+per segment, a columnar record index (loaded from the saved ``.idx`` of a finished segment,
+otherwise rebuilt at open by scanning the records, which also truncates a torn tail) holds
+each record's group and time range. A read reads the overlapping records of the wanted
+groups into one buffer, decodes only the wanted columns in one kernel call, adds the head's
+samples, then orders by time and keeps the last write per timestamp.
 """
 
 from __future__ import annotations
