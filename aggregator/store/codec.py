@@ -483,16 +483,10 @@ def _gcd(a: np.int64, b: np.int64) -> np.int64:  # pragma: no cover - numba
 
 
 @nb.njit(cache=True)
-def _plan_stream(z: np.ndarray, m: int, hist: np.ndarray, widths: np.ndarray) -> tuple[int, int]:
+def _plan_stream(m: int, lmax: int, hist: np.ndarray, widths: np.ndarray) -> tuple[int, int]:
     # pragma: no cover - numba
-    """Best prefix code for z[:m]: fills widths[:c]; returns (c, payload bits)."""
-    hist[:] = 0
-    lmax = 0
-    for i in range(m):
-        b = _bitlen(z[i])
-        hist[b] += 1
-        if b > lmax:
-            lmax = b
+    """Best prefix code for m values whose bit-length histogram is ``hist`` (longest
+    ``lmax``): fills widths[:c]; returns (c, payload bits). Consumes ``hist``."""
     best_bits = m * lmax
     best_c = 1
     widths[0] = lmax
@@ -659,10 +653,8 @@ def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, in
     dd[0] = 0
     for i in range(1, n):
         dd[i] = ints[i] - ints[i - 1]
-    _lag_stream(ints, 0, n, 1, z1, True)
-    c1, b1 = _plan_stream(z1, n - 1, hist, w1)
-    _lag_stream(dd, 1, n, 1, z2, True)
-    c2, b2 = _plan_stream(z2, n - 2, hist, w2)
+    c1, b1 = _plan_stream(n - 1, _lag_stream(ints, 0, n, 1, z1, hist), hist, w1)
+    c2, b2 = _plan_stream(n - 2, _lag_stream(dd, 1, n, 1, z2, hist), hist, w2)
     d1 = dd[1]
     cost1 = ((b1 + 7) // 8) * 8 + 8 * c1
     cost2 = ((b2 + 7) // 8) * 8 + 8 * c2 + 8 * _varint_len(_zz(d1))
@@ -692,8 +684,7 @@ def _improve_lag(x: np.ndarray, f: int, n: int, z: np.ndarray, w: np.ndarray, c:
     lag = _best_lag(x, f, n)
     if lag == 1:
         return 1, c, b
-    _lag_stream(x, f, n, lag, zs, True)
-    cs, bs = _plan_stream(zs, n - f - 1, hist, ws)
+    cs, bs = _plan_stream(n - f - 1, _lag_stream(x, f, n, lag, zs, hist), hist, ws)
     if (bs + 7) // 8 + cs < (b + 7) // 8 + c:
         z[:n - f - 1] = zs[:n - f - 1]
         w[:] = ws
@@ -702,17 +693,20 @@ def _improve_lag(x: np.ndarray, f: int, n: int, z: np.ndarray, w: np.ndarray, c:
 
 
 @nb.njit(inline="always", cache=True)
-def _lag_stream(x: np.ndarray, f: int, n: int, lag: int, z: np.ndarray, write: bool) -> int:
-    # pragma: no cover - numba
-    """Residuals of x[f+1:n] against x[i-lag] (x[i-1] while i-lag < f): bits, and z if asked."""
-    bits = 0
+def _lag_stream(x: np.ndarray, f: int, n: int, lag: int, z: np.ndarray,
+                hist: np.ndarray) -> int:  # pragma: no cover - numba
+    """Zigzagged residuals of x[f+1:n] against x[i-lag] (x[i-1] while i-lag < f) into z,
+    their bit-length histogram into hist; returns the longest bit length."""
+    hist[:66] = 0
+    lmax = 0
     for i in range(f + 1, n):
         ref = i - lag if i - lag >= f else i - 1
         r = _zz(x[i] - x[ref])
-        bits += _bitlen(r)
-        if write:
-            z[i - f - 1] = r
-    return bits
+        z[i - f - 1] = r
+        b = _bitlen(r)
+        hist[b] += 1
+        lmax = max(lmax, b)
+    return lmax
 
 
 @nb.njit(cache=True)
