@@ -42,7 +42,7 @@ class ModelConfig:
     """Seed of the forests' random cuts (each model derives its own)."""
     z: float = 6.0
     """Threshold = running score mean + z * running score std ..."""
-    floor: float = 3.0
+    floor: float = 2.8
     """... but never below this score."""
     horizon: int = 2000
     """Steps of memory of the running score statistics."""
@@ -98,9 +98,9 @@ class RackModelConfig:
 class AlertConfig:
     """Hysteresis of model alerts."""
 
-    open_after: int = 5
+    open_after: int = 3
     """Anomalous steps (consecutive, or nearly: see ``detector.episodes``) that open a GPU
-    alert; long enough for the node veto to see peers that change a few seconds later."""
+    alert. A forest absorbs a new regime within about ten steps, so this must be short."""
     open_window: int = 10
     """Steps of memory of that count."""
     resolve_after: int = 30
