@@ -46,7 +46,12 @@ def _cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     beat = np.tile([386.0, 689.0, 672.0], 14)[:40] + np.round(rng.normal(0, 2, 40), 3)
     rhythm = np.round(np.tile([0.1, 0.98, 0.97, 0.99, 0.12], 8) + rng.integers(0, 2, 40) / 100, 2)
     energy_beat = np.round(5e6 + np.cumsum(beat) * 1000) / 1000
+    # 16-digit decimals: exact as n / 10**3, yet XOR is smaller than their integer stream
+    many_digits = np.array([7063192700511.662, 4599477098528.483, 8047328758528.165,
+                            6698820670802.434, 8094981316492.672, 8371869938674.606,
+                            2830692372664.564])
     return {
+        "many_digits": (t[:7], many_digits[:, None]),
         "periodic": (t, np.stack([beat, rhythm, energy_beat], axis=1)),
         "fleet_like": (t, np.stack([temp, power, energy, clocks, fb, counter, noise, special,
                                     ratio, np.full(40, 700.0), np.full(40, -0.0),
@@ -91,6 +96,8 @@ def test_each_encoding_is_chosen_where_it_wins() -> None:
     assert tags[6] == tags[7] == codec.C_XOR
     assert tags[9] == codec.C_CONST_INT and tags[10] == codec.C_CONST
     assert tags[11] == codec.C_ZERO
+    many = codec.encode_group(*_cases()["many_digits"])
+    assert codec.column_tags(many) == [codec.C_XOR]  # decimal, but XOR is smaller
     assert tags[5] == codec.C_DOD  # a counter with a constant rate: all dods are zero
     assert set(tags[:5]) | {tags[8]} <= {codec.C_DELTA, codec.C_DOD}
     small = codec.encode_group(ts, vals[:, [3, 4, 5, 9]])

@@ -53,7 +53,9 @@ Value of a scaled integer: ``n / 10**e`` when e >= 0, ``n * 10**-e`` when e < 0 
 encoder's e is the first value's smallest exponent (searched from 0 downwards while it
 fits, else upwards), raised while any later value does not fit.
 The encoder picks, per column: C_ZERO, C_CONST_INT or C_CONST (the first that fits) if
-all bits are equal, else C_DELTA/C_DOD if every value is such a decimal, else C_XOR. DELTA or DOD is decided with lag 1 (the fewest bits; DOD only when strictly
+all bits are equal, else C_DELTA/C_DOD if every value is such a decimal, else C_XOR; a
+decimal column whose C_DELTA/C_DOD encoding takes more than 4 bytes per value (+16) is
+also encoded as C_XOR and the strictly smaller one is kept. DELTA or DOD is decided with lag 1 (the fewest bits; DOD only when strictly
 smaller); then, if that stream costs more than one bit per value, the lag (1..8) whose
 residuals have the fewest summed bit lengths on every other index from 1 + 8 (DELTA) or
 2 + 8 (DOD) on (ties: smaller lag) replaces lag 1 when its planned stream (bytes + width
@@ -105,6 +107,8 @@ E_MAX: Final = 15
 N_LIMIT: Final = 1 << 53
 PAD: Final = 32  # zero bytes after a blob: a bit reader may look 66 bits past a stream
 MAX_LAG: Final = 8
+XOR_CHECK_BYTES: Final = 4
+"""A decimal column costing more than this per value (+16) is also tried as XOR."""
 MAX_SAMPLES: Final = 1 << 24
 """Decoders refuse chunks claiming more samples (a corrupt header must not allocate GBs)."""
 NEG_ZERO: Final = np.uint64(1 << 63)
@@ -666,11 +670,22 @@ def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, in
         buf[pos] = C_DOD
         buf[p] = lag
         p = _varint(buf, p + 1, _zz(d1))
-        return _write_stream(z2, n - 2, c2, w2, b2, buf, p)
-    lag, c1, b1 = _improve_lag(ints, 0, n, z1, w1, c1, b1, zs, ws, hist)
-    buf[pos] = C_DELTA
-    buf[p] = lag
-    return _write_stream(z1, n - 1, c1, w1, b1, buf, p + 1)
+        end = _write_stream(z2, n - 2, c2, w2, b2, buf, p)
+    else:
+        lag, c1, b1 = _improve_lag(ints, 0, n, z1, w1, c1, b1, zs, ws, hist)
+        buf[pos] = C_DELTA
+        buf[p] = lag
+        end = _write_stream(z1, n - 1, c1, w1, b1, buf, p + 1)
+    if end - pos <= XOR_CHECK_BYTES * n + 16:
+        return end
+    # decimals with many digits (or wild jumps): XOR may be smaller; try it after the end
+    buf[end] = C_XOR
+    xend = _enc_xor(bits, buf, end + 1)
+    if xend - end >= end - pos:
+        return end
+    for i in range(xend - end):
+        buf[pos + i] = buf[end + i]
+    return pos + (xend - end)
 
 
 @nb.njit(cache=True)
@@ -1014,8 +1029,8 @@ def _gorilla_sizes(ts: np.ndarray, cols: np.ndarray) -> int:  # pragma: no cover
 
 
 def _bound(k: int, n: int) -> int:
-    """Upper bound of one group's encoded size."""
-    return 32 + (n * 9 + 32) + k * (n * 9 + 48)
+    """Upper bound of one group's encoded size, plus room for a trial XOR column."""
+    return 32 + (n * 9 + 32) + k * (n * 9 + 48) + (n * 10 + 48)
 
 
 def _check_group(ts: npt.ArrayLike, values: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:

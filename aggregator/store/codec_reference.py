@@ -18,6 +18,7 @@ TS_DOD = 1
 C_CONST, C_CONST_INT, C_XOR, C_DELTA, C_DOD, C_ZERO = 1, 2, 3, 4, 5, 6
 E_MIN, E_MAX = -15, 15
 MAX_LAG = 8
+XOR_CHECK_BYTES = 4
 MASK64 = (1 << 64) - 1
 
 
@@ -343,9 +344,15 @@ def enc_column(col: list[float]) -> bytes:
     head = bytes([e & 0xFF]) + varint(zz(n0)) + varint(g)
     if cost2 < cost1:
         lag, z2, w2, b2 = improve_lag(d, 1, z2, w2, b2)
-        return bytes([C_DOD]) + head + bytes([lag]) + varint(zz(d[1])) + write_stream(z2, w2, b2)
-    lag, z1, w1, b1 = improve_lag(m, 0, z1, w1, b1)
-    return bytes([C_DELTA]) + head + bytes([lag]) + write_stream(z1, w1, b1)
+        out = bytes([C_DOD]) + head + bytes([lag]) + varint(zz(d[1])) + write_stream(z2, w2, b2)
+    else:
+        lag, z1, w1, b1 = improve_lag(m, 0, z1, w1, b1)
+        out = bytes([C_DELTA]) + head + bytes([lag]) + write_stream(z1, w1, b1)
+    if len(out) > XOR_CHECK_BYTES * len(col) + 16:
+        xor = bytes([C_XOR]) + enc_xor(bits)
+        if len(xor) < len(out):
+            return xor
+    return out
 
 
 def improve_lag(x: list[int], f: int, z: list[int], w: list[int], b: int
