@@ -291,3 +291,21 @@ def test_late_sample_into_a_compacted_segment_survives_reopen(tmp_path: Path) ->
         r = st.read("raw", ids, 1_800_500, 1_800_501)
         assert r.values.tolist() == [7.5, 8.5]
         assert st.read("raw", ids, 0, 3 * H).counts.tolist() == [2 * 3600 + 1] * 2
+
+
+def test_leftovers_of_a_compaction_cut_short_are_removed(tmp_path: Path) -> None:
+    ids = np.array([1, 2], np.int64)
+    ts, vals = _group(0, 2 * 3600, 2, 10)
+    with _store(tmp_path, auto_maintain=False) as st:
+        for a in range(0, ts.size, 500):
+            st.append("raw", ids, ts[a:a + 500], vals[a:a + 500])
+            st.flush()
+    raw = tmp_path / "raw"
+    seg = raw / "seg+00000000000000000000.fps"
+    # as if killed while rewriting: a half-written copy and a half-written index
+    (raw / "seg+00000000000000000000.tmp").write_bytes(seg.read_bytes()[:1000])
+    (raw / "seg+00000000000000000000.idx.tmp").write_bytes(b"FPIDX001junk")
+    with _store(tmp_path) as st:
+        assert sorted(p.name for p in raw.iterdir() if p.suffix == ".tmp") == []
+        r = st.read("raw", ids, 0, 3 * H)
+        assert np.array_equal(_bits(r.values[:r.offsets[1]]), _bits(vals[:, 0]))
