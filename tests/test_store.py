@@ -309,3 +309,13 @@ def test_leftovers_of_a_compaction_cut_short_are_removed(tmp_path: Path) -> None
         assert sorted(p.name for p in raw.iterdir() if p.suffix == ".tmp") == []
         r = st.read("raw", ids, 0, 3 * H)
         assert np.array_equal(_bits(r.values[:r.offsets[1]]), _bits(vals[:, 0]))
+
+
+def test_a_file_that_is_not_a_segment_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "seg+00000000000000000000.fps").write_bytes(b"not a segment at all" * 3)
+    with pytest.raises(StoreError, match="bad file header"):
+        _store(tmp_path)
+    (tmp_path / "raw" / "seg+00000000000000000000.fps").unlink()
+    with _store(tmp_path) as st:  # the failed open released its lock
+        assert st.series_ids("raw").size == 0

@@ -215,8 +215,12 @@ class SeriesStore:
         self._maintained: dict[str, int] = {}
         self.truncated_bytes = 0
         """Bytes of torn tails cut off while opening (0 after a clean shutdown)."""
-        for spec in config.tiers:
-            self._open_tier(spec)
+        try:
+            for spec in config.tiers:
+                self._open_tier(spec)
+        except BaseException:
+            os.close(self._lock_fd)  # a store that failed to open holds no lock
+            raise
         self._closed = False
 
     # ------------------------------------------------------------------ opening
