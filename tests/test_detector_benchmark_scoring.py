@@ -1,0 +1,48 @@
+"""The detection benchmark's scoring (recall, false incidents, point FPR, delay) on a tiny
+hand-made fleet whose answers are known."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.detection import Episode, Fleet, evaluate
+
+
+def _fleet() -> Fleet:
+    g, t = 8, 1000  # two racks of 4 GPUs, 1000 s at 1 Hz
+    racks = [f"c/r/rack-{i // 4}" for i in range(g)]
+    labels = [
+        {"gpu": 1, "kind": "straggler", "start_s": 300.0, "end_s": 400.0},
+        {"gpu": 4, "kind": "cooling_rack", "start_s": 500.0, "end_s": 600.0},
+        {"gpu": 5, "kind": "cooling_rack", "start_s": 500.0, "end_s": 600.0},
+        {"gpu": 6, "kind": "stuck_sensor", "start_s": 700.0, "end_s": 800.0},
+    ]
+    return Fleet(
+        ts=np.tile(np.arange(t, dtype=np.int64) * 1000, (g, 1)),
+        gathered=np.zeros((t, g, 1)), labels=labels,
+        paths=[f"{racks[i]}/n/gpu-{i}" for i in range(g)], rack_paths=racks,
+        node_paths=[f"{racks[i]}/n" for i in range(g)],
+        rack_of_gpu=np.array([i // 4 for i in range(g)]), hz=1.0, source="test")
+
+
+def test_scoring_counts_what_it_should() -> None:
+    fleet = _fleet()
+    episodes = [
+        Episode(np.array([1]), 310.0, 420.0, "model"),  # straggler found after 10 s
+        Episode(np.array([4, 5, 6, 7]), 530.0, 640.0, "rack"),  # cooling found by the rack
+        Episode(np.array([2]), 150.0, 160.0, "model"),  # false: nothing near on rack 0
+        Episode(np.array([3]), 420.0, 430.0, "model"),  # excused: within the grace of gpu 1
+        Episode(np.array([0]), 50.0, 60.0, "model"),  # in the cold start: not counted
+    ]
+    r = evaluate(fleet, episodes, cold_start_s=100.0)
+    assert r["faults"] == 3
+    assert r["recall_per_kind"] == {"cooling_rack": 1.0, "straggler": 1.0, "stuck_sensor": 0.0}
+    assert r["recall"] == round(2 / 3, 4)
+    assert r["median_delay_s"] == 20.0  # delays 10 and 30
+    # The cold-start episode is false too, but outside the counted hours it adds no points:
+    # the GPU-hours start after the cold start, the incident count does not look at time.
+    assert r["false_incidents"] == 2
+    assert r["gpu_hours"] == round(8 * 900 / 3600, 2)
+    # Each fault +-60 s excuses its rack: rack 0 for 220 s, rack 1 for 440..860 (two faults).
+    normal = 8 * 900 - 4 * 220 - 4 * 420
+    assert r["point_fpr"] == float(f"{10 / normal:.3g}")
