@@ -73,3 +73,22 @@ def test_peers_store_every_sample_they_are_given() -> None:
     assert prom["samples"] == 3 * 299 and prom["chunk_bytes"] > 0
     vm = victoriametrics_bytes(_tiny_series())
     assert vm["rows"] == 3 * 299 and vm["data_bytes"] > 0
+
+
+def test_a_peer_that_cannot_run_is_reported_not_fatal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(series: list) -> dict:
+        raise RuntimeError("apt-get: no network")
+
+    monkeypatch.setattr(compression, "prometheus_tsdb_bytes", broken)
+    monkeypatch.setattr(compression, "victoriametrics_bytes", broken)
+    out = tmp_path / "c.json"
+    assert compression.main(["--gpus", "8", "--duration", "130", "--dcgm-ticks", "130",
+                             "--out", str(out)]) == 0
+    summary = orjson.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["victoriametrics_bytes_per_sample"] is None
+    assert summary["beats_victoriametrics_everywhere"] is None
+    fleet = orjson.loads(out.read_bytes())["datasets"]["fleet"]
+    assert fleet["victoriametrics_error"] == "apt-get: no network"
+    assert fleet["lossless"] is True
