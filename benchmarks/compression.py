@@ -37,9 +37,10 @@ import orjson
 
 from aggregator.store import SeriesStore, StoreConfig, TierSpec, codec
 from benchmarks.peers import PeerSeries, prometheus_tsdb_bytes, victoriametrics_bytes
+from benchmarks.shared_data import DCGM_FIXTURES
 
 RESULTS = Path(__file__).parent / "results" / "compression.json"
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "dcgm-exporter"
+FIXTURES = DCGM_FIXTURES
 TARGET_BPS = 0.7
 TARGET_ENCODE = 20e6
 TARGET_DECODE = 50e6
@@ -110,6 +111,10 @@ def dcgm_dataset(seed: int, ticks: int, interval_ms: int) -> Dataset:
         scrape = parse_exposition(path.read_text())
         if scrape.rows and scrape.metric_ids.size:
             per_file.append(scrape)
+    if not per_file:
+        raise FileNotFoundError(
+            f"no dcgm-exporter fixtures in {FIXTURES}; set FLEETPULSE_SHARED_DIR to the shared/ folder"
+        )
     names = sorted({BY_ID[int(i)].name for s in per_file for i in s.metric_ids})
     rows, labels, groups, ts_rows = [], [], [], []
     t0 = 1_767_225_600_000
