@@ -39,7 +39,14 @@ from aggregator.row_stage import RowStage
 from aggregator.series_index import EntityIndex
 from aggregator.store import SeriesStore, StoreConfig
 from aggregator.window_kernel import warm_up
-from fleetpulse.transport import Consumer, Message, TopicPartition, Transport, open_transport
+from fleetpulse.transport import (
+    Consumer,
+    Message,
+    TopicPartition,
+    Transport,
+    TransportError,
+    open_transport,
+)
 from schemas.rollup import encode_rollup
 from schemas.topics import Topics
 
@@ -69,11 +76,22 @@ class _Loop:
         self.owned: set[int] = set()
 
     async def on_revoked(self, revoked: frozenset[TopicPartition]) -> None:
+        """Flush, checkpoint and commit, then forget the partitions -- whatever happens.
+
+        If the commit fails (this member was already expelled, the broker is slow), the
+        partitions are still forgotten: their next owner resumes from the older committed
+        offset and the newest checkpoint, which skip consistently (see on_assigned).
+        Keeping them would fold the redelivered messages in a second time.
+        """
         mine = {p for t, p in revoked if t == self.topic}
-        await self.service.durable(self, mine)
-        for p in mine:
-            self.stage.revoke(p)
-            self.owned.discard(p)
+        try:
+            await self.service.durable(self, mine)
+        except TransportError as exc:
+            log.warning("could not commit %s before giving them up: %s", sorted(mine), exc)
+        finally:
+            for p in mine:
+                self.stage.revoke(p)
+                self.owned.discard(p)
 
     async def on_assigned(self, assigned: frozenset[TopicPartition]) -> None:
         """Restore each partition's checkpoint; no seek is needed.
@@ -114,7 +132,8 @@ class AggregatorService:
             self.loops.append(_Loop(self, self.row, self.topics.rollups, f"{cfg.group_id}-rows"))
         self.dead_letters = 0
         self.rollups_published = 0
-        self._pending: list[asyncio.Future[Any]] = []
+        self._pending: list[tuple[asyncio.Future[Any], bytes, bytes]] = []
+        """Rollup sends not yet acknowledged: (future, value, key), re-sent on failure."""
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
         self._stop = asyncio.Event()
@@ -165,8 +184,8 @@ class AggregatorService:
             for t in tasks:
                 t.cancel()
             for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await t
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t  # a failure was logged above
             for loop in self.loops:
                 with contextlib.suppress(Exception):
                     await self.durable(loop, set(loop.owned))
@@ -207,8 +226,9 @@ class AggregatorService:
             self.dead_letters += 1
         for fr in rollups:
             key = (fr.row if fr.level == "rack" else fr.cluster).encode()
-            self._pending.append(await self.transport.send(self.topics.rollups,
-                                                           encode_rollup(fr), key=key))
+            value = encode_rollup(fr)
+            fut = await self.transport.send(self.topics.rollups, value, key=key)
+            self._pending.append((fut, value, key))
             self.rollups_published += 1
 
     async def durable(self, loop: _Loop, partitions: Iterable[int]) -> None:
@@ -216,7 +236,7 @@ class AggregatorService:
         parts = sorted(p for p in partitions if p in loop.owned)
         if self._pending:
             pending, self._pending = self._pending, []
-            await asyncio.gather(*pending)
+            await self._acknowledged(pending)
         self.index.flush()
         self.store.flush()
         if not parts or loop.consumer is None:
@@ -227,6 +247,28 @@ class AggregatorService:
             save_checkpoint(self.state_dir, ckpt)
             offsets[(loop.topic, p)] = ckpt.resume_offset
         await loop.consumer.commit(offsets)
+
+    async def _acknowledged(self, pending: list[tuple[asyncio.Future[Any], bytes, bytes]],
+                            attempts: int = 5) -> None:
+        """Wait for every rollup send; re-send the ones that failed retriably.
+
+        Offsets are committed only after this returns, so a rollup is never lost: after the
+        last attempt the error propagates, the process exits, and a restart republishes.
+        """
+        for attempt in range(attempts):
+            results = await asyncio.gather(*(f for f, _, _ in pending), return_exceptions=True)
+            failed = [(p, r) for p, r in zip(pending, results, strict=True)
+                      if isinstance(r, BaseException)]
+            if not failed:
+                return
+            for _, err in failed:
+                if not (isinstance(err, TransportError) and err.retriable) \
+                        or attempt == attempts - 1:
+                    raise err
+            log.warning("re-sending %d rollups after: %s", len(failed), failed[0][1])
+            await asyncio.sleep(min(2.0 ** attempt, 10.0))
+            pending = [(await self.transport.send(self.topics.rollups, v, key=k), v, k)
+                       for (_, v, k), _ in failed]
 
     async def _update_lag(self, loop: _Loop) -> None:
         if loop.consumer is None or not loop.owned:

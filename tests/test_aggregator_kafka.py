@@ -37,9 +37,9 @@ PARTITIONS = 4
 
 @pytest.fixture(scope="module")
 def produced(kafka_bootstrap, tmp_path_factory):
-    """One topic prefix with a 6-minute fleet in it (8 racks over 4 partitions)."""
+    """One topic prefix with a 4-minute fleet in it (8 racks over 4 partitions)."""
     prefix = f"t-aggx-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
-    fl = make_fleet(n_racks=8, nodes_per_rack=2, gpus=4, seconds=360, partitions=PARTITIONS,
+    fl = make_fleet(n_racks=8, nodes_per_rack=2, gpus=4, seconds=240, partitions=PARTITIONS,
                     rows=2)
 
     async def produce() -> None:

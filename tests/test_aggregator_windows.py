@@ -134,7 +134,7 @@ def test_rack_sketch_quantile_within_error_bound(tmp_path):
 
 def test_late_duplicate_and_malformed_input(tmp_path):
     fl = make_fleet(seconds=40)
-    st, store, index = _stage(tmp_path)
+    st, _store, _index = _stage(tmp_path)
     msgs = list(fl.messages)
     n = len(msgs)
     dup = msgs[3]
@@ -177,7 +177,7 @@ def _dump(store, index, tier="10s"):
 def test_replay_from_checkpoint_is_bit_identical(tmp_path):
     """Crash after a checkpoint: replaying from the resume offset rebuilds the same bits."""
     fl = make_fleet(seconds=90, ticks_per_frame=1)
-    ref_stage, ref_store, ref_index = _run_all(tmp_path, "ref", fl)
+    _ref_stage, ref_store, ref_index = _run_all(tmp_path, "ref", fl)
 
     st, store, index = _stage(tmp_path, "crash")
     cut = len(fl.messages) * 2 // 3
