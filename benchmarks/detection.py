@@ -152,6 +152,24 @@ def run_detector(fleet: Fleet, config: DetectorConfig, engine: str | None
     return alerts, cpu, per_model, shard
 
 
+def peer_speed(fleet: Fleet, config: DetectorConfig, engine: str, gpus: int = 16,
+               steps: int = 400) -> dict[str, Any]:
+    """The same detector path with another engine on a slice of the data, for a same-run
+    ratio: GPU-updates per CPU-second and bytes per model."""
+    g, t = min(gpus, fleet.gpus), min(steps, fleet.steps)
+    shard = DetectorShard(config, engine)
+    ids, nodes = shard.register(fleet.paths[:g], fleet.rack_paths[:g], fleet.node_paths[:g])
+    ts = step_times_ms(fleet)
+    shard.process(ids, nodes, ts[:20], fleet.gathered[:20, :g])  # warm
+    t0 = time.process_time()
+    shard.process(ids, nodes, ts[20:t], fleet.gathered[20:t, :g])
+    cpu = time.process_time() - t0
+    return {"engine": engine, "gpus": g, "steps": t - 20,
+            "updates_per_s": round(g * (t - 20) / cpu, 1),
+            "bytes_per_model": int(np.mean([shard.gpu_bank.engine.model_bytes(i)
+                                            for i in range(g)]))}
+
+
 def episodes_from_alerts(fleet: Fleet, alerts: list[AlertRecord]) -> list[Episode]:
     t0 = float(fleet.ts.min())
     end_s = (float(fleet.ts.max()) - t0) / 1000.0 + 1.0
@@ -353,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
                         "for a fleet-sized run in minutes)")
     parser.add_argument("--config", type=Path, help="detector TOML (model/alerts/rules)")
     parser.add_argument("--hst-gpus", type=int, default=24, help="0 skips HalfSpaceTrees")
+    parser.add_argument("--peer-engine", default="krcf",
+                        help="engine timed on a 16-GPU slice for a same-run speed ratio "
+                        "('' skips it)")
     parser.add_argument("--json", action="store_true", help="also print the JSON object")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--dump-alerts", type=Path, help="write the detector's alert records "
@@ -395,6 +416,10 @@ def main(argv: list[str] | None = None) -> int:
     static = evaluate(fleet, episodes_from_alerts(
         fleet, static_baseline(fleet, config.alerts.episode_params())), cold_start_s)
 
+    peer: dict[str, Any] | None = None
+    if args.peer_engine and args.peer_engine != shard.engine_name:
+        peer = peer_speed(fleet, config, args.peer_engine)
+        peer["detector_speedup"] = round(det["updates_per_s"] / peer["updates_per_s"], 2)
     hst: dict[str, Any] | None = None
     det_subset: dict[str, Any] | None = None
     if args.hst_gpus > 0:
@@ -421,6 +446,11 @@ def main(argv: list[str] | None = None) -> int:
     print("  " + "  ".join(f"{k}={det['recall_per_kind'][k]:.2f}" for k in kinds))
     print(f"detector alerts by source: {det['by_source']}")
     print(f"bytes per GPU model ({shard.engine_name}): {per_model}")
+    if peer is not None:
+        print(f"same detector path with {peer['engine']} on {peer['gpus']} GPUs x "
+              f"{peer['steps']} steps: {peer['updates_per_s']:,.0f} updates/s, "
+              f"{peer['bytes_per_model']} bytes/model; {shard.engine_name} is "
+              f"{peer['detector_speedup']}x faster")
 
     result: dict[str, Any] = {
         "recall": det["recall"],
@@ -438,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         "detector": det,
         "static_thresholds": static,
         "halfspacetrees": hst,
+        "peer_engine": peer,
         "detector_on_hst_subset": det_subset,
         "targets": {"recall": 0.95, "false_incidents_per_1000_gpu_hours": 1.0,
                     "point_fpr": 1e-4, "median_delay_s": 30.0},
@@ -450,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "bytes_per_model", "engine")}
     summary["static_recall"] = static["recall"]
     summary["hst_recall"] = hst["recall"] if hst else None
+    summary["peer_updates_per_s"] = peer["updates_per_s"] if peer else None
     print(json.dumps(summary))
     return 0
 

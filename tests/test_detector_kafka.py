@@ -66,8 +66,8 @@ async def _alerts(transport: Transport, topics: Topics) -> list[AlertRecord]:
 def _start(config: Path, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "fleetpulse", "detector", "--config", str(config),
-             "--quiet"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            [sys.executable, "-m", "fleetpulse", "detector", "--config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 async def _wait_for(pred: object, transport: Transport, topics: Topics, timeout: float,
@@ -141,6 +141,8 @@ sample_size = 32
             proc.wait(timeout=10)
         await transport.close()
 
+    # The second process restored the models from the checkpoint instead of relearning.
+    assert "restored: 8 GPU models" in log.read_text()
     assert _fired(alerts, "node-0/gpu-1", "rule:xid") == 1
     assert _fired(alerts, "node-0/gpu-2", "rule:thermal_slowdown") == 1
     resolved = [a for a in alerts if a.entity.endswith("node-0/gpu-2")
