@@ -279,7 +279,7 @@ class DetectorShard:
         return tuple(
             Attribution(metric=names[i], direction="high" if batch.direction[r, i] >= 0 else "low",
                         weight=round(float(w[i] / total), 4))
-            for i in top if w[i] > 0
+            for i in top if w[i] >= 0.05 * total  # a feature below 5 % explains nothing
         )
 
     def _open_model_alert(self, gid: int, ts: int, batch: ScoreBatch, r: int, thr: float,

@@ -27,7 +27,7 @@ from schemas.records import AlertRecord, AlertState
 
 __all__ = ["format_row", "register", "run"]
 
-HEADER = (f"{'time (UTC)':<19}  {'state':<8}  {'severity':<8}  {'entity':<40}  "
+HEADER = (f"{'time (UTC)':<19}  {'state':<8}  {'severity':<8}  {'entity':<48}  "
           f"{'source':<22}  {'score/thr':>11}  summary")
 
 
@@ -54,8 +54,8 @@ def format_row(rec: AlertRecord) -> str:
     if rec.attribution and rec.source.startswith("model:"):
         why = "; ".join(f"{a.metric.removeprefix('fleetpulse_gpu_')} {a.direction} "
                         f"{a.weight:.0%}" for a in rec.attribution)
-    entity = rec.entity if len(rec.entity) <= 40 else "…" + rec.entity[-39:]
-    return (f"{when:<19}  {state:<8}  {rec.severity.value:<8}  {entity:<40}  "
+    entity = rec.entity if len(rec.entity) <= 48 else "…" + rec.entity[-47:]
+    return (f"{when:<19}  {state:<8}  {rec.severity.value:<8}  {entity:<48}  "
             f"{rec.source[:22]:<22}  {rec.score:>5.2f}/{rec.threshold:<5.2f}  {why}")
 
 
