@@ -244,3 +244,16 @@ def test_sample_config_loads():
     assert cfg.listen == "127.0.0.1:9999" and cfg.transport.topic_prefix == "x"
     assert cfg.host_port == ("127.0.0.1", 9999)
     assert AggregatorConfig().listen.startswith("127.0.0.1:")
+
+
+def test_instant_raw_resolution_gives_the_newest_sample(filled):
+    """The freshest heatmap: resolution=raw reads each GPU's newest raw sample."""
+    store, index, fl = filled
+    engine = QueryEngine(store, index)
+    node = fl.nodes[0]
+    res = engine.query_instant(
+        f'fleetpulse_gpu_power_usage_watts{{level="gpu",node="{node.node}",gpu="1"}}',
+        int(fl.ts[-1]) + 500, resolution="raw")
+    col = fl.values[0][:, 1, 1]
+    newest = col[~np.isnan(col)][-1]
+    assert res.labels[0]["agg"] == "raw" and res.values[0, 0] == newest
