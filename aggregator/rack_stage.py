@@ -224,7 +224,12 @@ class RackStage:
                 continue
             if msg.offset < part.raw_through:
                 self.stats.replayed += 1
-            gslots = self.topo.gslots_for(fr.identity, fr.gpus, msg.partition)
+            try:
+                gslots = self.topo.gslots_for(fr.identity, fr.gpus, msg.partition)
+            except ValueError as exc:
+                self.stats.decode_errors += 1
+                dead.append((msg, f"sample frame: {exc}"))
+                continue
             cols = self._columns(fr.metric_ids, len(fr.extra))
             if len(self.topo.gpu_key) > self.pool.cap_gpus:
                 self.pool.ensure_gpus(len(self.topo.gpu_key))

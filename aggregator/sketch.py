@@ -56,6 +56,8 @@ def slot_of(x: float) -> int:  # pragma: no cover - numba
     mag = abs(x)
     if mag <= _MIN_MAG:
         return ZERO_SLOT
+    if mag > 1e300:  # +-inf (and the edge of float64): the outermost buckets
+        return N_SLOTS - 1 if x > 0 else 0
     k = math.ceil(math.log(mag) * _INV_LOG_GAMMA)
     k = min(max(k, K_MIN), K_MAX)
     if x > 0:

@@ -72,12 +72,18 @@ class Topology:
 
     def gslots_for(self, ident: NodeIdentity, gpus: npt.NDArray[np.int32],
                    partition: int) -> npt.NDArray[np.int32]:
-        """Slots of a frame's GPUs (cached per node and GPU list)."""
+        """Slots of a frame's GPUs (cached per node and GPU list).
+
+        Raises ValueError for a GPU listed twice (the frame codec does not forbid it, and
+        the store needs distinct series per group): the caller dead-letters the frame.
+        """
         path = ident.path
         ck = (path, gpus.tobytes())
         hit = self._frame_cache.get(ck)
         if hit is not None:
             return hit
+        if np.unique(gpus).size != gpus.size:
+            raise ValueError(f"frame of {path} lists a GPU index twice: {gpus.tolist()[:16]}")
         rack_path = f"{ident.cluster}/{ident.row}/{ident.rack}"
         r = self._rack.get(rack_path)
         if r is None:

@@ -208,3 +208,26 @@ def test_replay_from_checkpoint_is_bit_identical(tmp_path):
     assert _dump(store2, index2) == _dump(ref_store, ref_index)
     assert _dump(store2, index2, "1m") == _dump(ref_store, ref_index, "1m")
     assert st2.stats.duplicates == 0
+
+
+def test_infinities_and_repeated_gpus_do_not_crash(tmp_path):
+    from schemas.frame import SampleFrame, decode_frame, encode_frame
+
+    fl = make_fleet(seconds=30)
+    st, store, index = _stage(tmp_path)
+    f0 = decode_frame(fl.messages[0].value)
+    vals = f0.values.copy()
+    vals[0, 0, 0] = np.inf
+    vals[0, 1, 0] = -np.inf
+    hot = SampleFrame(f0.identity, "other-agent", 0, f0.metric_ids, f0.gpus, f0.uuids, f0.ts,
+                      vals)
+    twice = SampleFrame(f0.identity, "third-agent", 0, f0.metric_ids,
+                        np.asarray([0, 0, 1, 2], np.int32), f0.uuids, f0.ts, f0.values.copy())
+    m = fl.messages[0]
+    extra = [Message(m.topic, m.partition, 5000 + i, m.key, encode_frame(fr), 0)
+             for i, fr in enumerate((hot, twice))]
+    dead, _ = st.process(fl.messages[:1] + extra + fl.messages[1:])
+    assert len(dead) == 1  # the codec or the topology refuses a GPU listed twice
+    assert "unique" in dead[0][1] or "GPU index twice" in dead[0][1]
+    key = ("gpu", "c1", fl.nodes[0].row, fl.nodes[0].rack, fl.nodes[0].node, "0")
+    assert _read(store, index, key, TEMP, "max")[1][0] == np.inf
