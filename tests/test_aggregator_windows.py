@@ -224,9 +224,13 @@ def test_infinities_and_repeated_gpus_do_not_crash(tmp_path):
     twice = SampleFrame(f0.identity, "third-agent", 0, f0.metric_ids,
                         np.asarray([0, 0, 1, 2], np.int32), f0.uuids, f0.ts, f0.values.copy())
     m = fl.messages[0]
-    extra = [Message(m.topic, m.partition, 5000 + i, m.key, encode_frame(fr), 0)
-             for i, fr in enumerate((hot, twice))]
-    dead, _ = st.process(fl.messages[:1] + extra + fl.messages[1:])
+    extra = [Message(m.topic, m.partition, 0, m.key, encode_frame(fr), 0) for fr in (hot, twice)]
+    msgs, next_offset = [], {}
+    for msg in fl.messages[:1] + extra + fl.messages[1:]:  # renumber offsets per partition
+        off = next_offset.get(msg.partition, 0)
+        next_offset[msg.partition] = off + 1
+        msgs.append(Message(msg.topic, msg.partition, off, msg.key, msg.value, 0))
+    dead, _ = st.process(msgs)
     assert len(dead) == 1  # the codec or the topology refuses a GPU listed twice
     assert "unique" in dead[0][1] or "GPU index twice" in dead[0][1]
     key = ("gpu", "c1", fl.nodes[0].row, fl.nodes[0].rack, fl.nodes[0].node, "0")
