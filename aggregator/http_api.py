@@ -205,6 +205,18 @@ async def _buildinfo(request: web.Request, engine: QueryEngine,
                 "buildDate": "", "goVersion": "", "application": "fleetpulse"})
 
 
+async def _metadata(request: web.Request, engine: QueryEngine,
+                    params: dict[str, list[str]]) -> web.Response:
+    """Metric metadata from the catalog (Grafana's autocomplete asks for it)."""
+    from schemas.catalog import CATALOG, Kind
+
+    kinds = {Kind.GAUGE: "gauge", Kind.COUNTER: "counter", Kind.STATE: "gauge",
+             Kind.EVENT: "gauge"}
+    wanted = params.get("metric", [None])[-1]
+    return _ok({m.name: [{"type": kinds[m.kind], "help": m.help, "unit": m.unit}]
+                for m in CATALOG if wanted in (None, m.name)})
+
+
 async def _openapi(request: web.Request) -> web.Response:
     return web.Response(body=orjson.dumps(openapi_document()), content_type="application/json")
 
@@ -228,10 +240,11 @@ def add_query_routes(app: web.Application, engine: QueryEngine) -> None:
     for path, fn in (("/api/v1/query_range", _query_range), ("/api/v1/query", _query),
                      ("/api/v1/series", _series), ("/api/v1/labels", _labels),
                      ("/api/v1/label/{name}/values", _label_values),
-                     ("/api/v1/status/buildinfo", _buildinfo)):
+                     ("/api/v1/status/buildinfo", _buildinfo),
+                     ("/api/v1/metadata", _metadata)):
         h = _wrap(fn)
         app.router.add_get(path, h)
-        if "label/" not in path and "buildinfo" not in path:
+        if path.endswith(("query_range", "query", "series", "labels")):
             app.router.add_post(path, h)
     app.router.add_get("/api/v1/openapi.json", _openapi)
 
@@ -285,6 +298,8 @@ def openapi_document() -> dict[str, Any]:
                                                        "schema": {"type": "string"}}],
                                        "responses": ok}},
             "/api/v1/labels": {"get": {"summary": "Label names", "responses": ok}},
+            "/api/v1/metadata": {"get": {"summary": "Type, help and unit of every metric",
+                                         "responses": ok}},
             "/api/v1/label/{name}/values": {"get": {
                 "summary": "Values of one label",
                 "parameters": [{"name": "name", "in": "path", "required": True,

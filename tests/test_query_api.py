@@ -116,6 +116,8 @@ async def test_instant_heatmap_series_labels_and_openapi(filled):
             health = await (await s.get(server.make_url("/api/v1/query"),
                                         params={"query": "1+1"})).json()
             spec = await (await s.get(server.make_url("/api/v1/openapi.json"))).json()
+            meta = await (await s.get(server.make_url("/api/v1/metadata"), params={
+                "metric": "fleetpulse_gpu_energy_consumption_joules_total"})).json()
         assert inst["data"]["resultType"] == "vector"
         assert len(inst["data"]["result"]) == 4 * 2 * 4  # every GPU of the fleet
         assert all(x["value"][0] == (T0 + 120_000) / 1000 for x in inst["data"]["result"])
@@ -126,6 +128,10 @@ async def test_instant_heatmap_series_labels_and_openapi(filled):
         assert health["data"] == {"resultType": "scalar", "result": [health["data"]["result"][0],
                                                                       "2"]}
         assert spec == openapi_document() and "/api/v1/query_range" in spec["paths"]
+        assert meta["data"] == {"fleetpulse_gpu_energy_consumption_joules_total": [
+            {"type": "counter", "help": meta["data"][
+                "fleetpulse_gpu_energy_consumption_joules_total"][0]["help"],
+             "unit": "joules"}]}
     finally:
         await server.close()
 
