@@ -181,10 +181,19 @@ class KafkaConsumer(Consumer):
         # getmany, or after stop. Rebalance callbacks wait for it.
         self._polling = asyncio.Event()
         self._polling.set()
+        # Serialises the first start: a second caller (e.g. a rebalance callback calling
+        # committed()) must wait for it, not start a second group member.
+        self._starting = asyncio.Lock()
 
     async def _client(self) -> AIOKafkaConsumer:
         if self._stopped:
             raise TransportError("consumer is stopped", retriable=False)
+        if self._consumer is not None:
+            return self._consumer
+        async with self._starting:
+            return await self._start_client()
+
+    async def _start_client(self) -> AIOKafkaConsumer:
         if self._consumer is None:
             cfg = self._transport.config
             consumer = AIOKafkaConsumer(
