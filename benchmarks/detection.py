@@ -408,6 +408,15 @@ def main(argv: list[str] | None = None) -> int:
     det["bytes_per_model"] = per_model
     det["engine"] = shard.engine_name
     det["alerts"] = len(alerts)
+    # Which half found what: the forests alone (GPU and rack) and the rules alone.
+    models_only = [a for a in alerts if a.source.startswith("model:")]
+    rules_only = [a for a in alerts if a.source.startswith("rule:")]
+    det["forest_only"] = {k: v for k, v in evaluate(
+        fleet, episodes_from_alerts(fleet, models_only), cold_start_s).items()
+        if k in ("recall", "recall_per_kind", "false_incidents", "median_delay_s")}
+    det["rules_only"] = {k: v for k, v in evaluate(
+        fleet, episodes_from_alerts(fleet, rules_only), cold_start_s).items()
+        if k in ("recall", "recall_per_kind", "false_incidents", "median_delay_s")}
     det["by_source"] = {}
     for a in alerts:
         if a.state is AlertState.FIRING:
@@ -445,6 +454,11 @@ def main(argv: list[str] | None = None) -> int:
     kinds = sorted(det["recall_per_kind"])
     print("  " + "  ".join(f"{k}={det['recall_per_kind'][k]:.2f}" for k in kinds))
     print(f"detector alerts by source: {det['by_source']}")
+    for part in ("forest_only", "rules_only"):
+        r = det[part]
+        print(f"{part.replace('_', ' ')}: recall {r['recall']:.3f}, {r['false_incidents']} false "
+              f"incidents, median delay {r['median_delay_s']} s; "
+              + "  ".join(f"{k}={v:.2f}" for k, v in r["recall_per_kind"].items()))
     print(f"bytes per GPU model ({shard.engine_name}): {per_model}")
     if peer is not None:
         print(f"same detector path with {peer['engine']} on {peer['gpus']} GPUs x "
