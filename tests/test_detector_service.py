@@ -8,6 +8,7 @@ import asyncio
 import uuid
 from pathlib import Path
 
+from prometheus_client import generate_latest
 from test_detector_support import frame, healthy, small_config, timestamps
 
 from detector.checkpoint import checkpoint_path
@@ -84,6 +85,10 @@ async def test_frames_in_alerts_out_bad_input_dead_lettered(tmp_path: Path) -> N
     await _run_until(service, lambda: service.stats.frames >= 48 and service.stats.events >= 1)
 
     assert service.stats.deadletter == {topics.samples: 1, topics.events: 1}
+    scrape = generate_latest(service.stats.registry).decode()
+    assert 'fleetpulse_detector_deadletter_total{topic="fleetpulse.samples"} 1.0' in scrape
+    assert "fleetpulse_detector_frames_total 48.0" in scrape
+    assert 'fleetpulse_detector_alerts_total{source="rule:xid",state="firing"} 1.0' in scrape
     dead = await _read_all(transport, topics.deadletter)
     reasons = sorted(dict(m.headers)["fp-reason"].decode()[:20] for m in dead)
     assert len(dead) == 2 and all(reasons)
