@@ -8,10 +8,12 @@ import asyncio
 import uuid
 from pathlib import Path
 
+from aiohttp import web
 from prometheus_client import generate_latest
 from test_detector_support import frame, healthy, small_config, timestamps
 
 from detector.checkpoint import checkpoint_path
+from detector.config import WebhookConfig
 from detector.features import COL
 from detector.service import DetectorService
 from fleetpulse.config import TransportConfig
@@ -22,10 +24,10 @@ from schemas.records import AlertRecord, AlertState, EventKind, EventRecord
 from schemas.topics import Topics
 
 
-def _config(tmp_path: Path, name: str) -> object:
+def _config(tmp_path: Path, name: str, webhook: str = "") -> object:
     return small_config(transport=TransportConfig(bootstrap=f"memory://{name}"),
                         state_dir=tmp_path / "state", partitions=2, metrics_port=-1,
-                        checkpoint_interval_s=0.5)
+                        checkpoint_interval_s=0.5, webhook=WebhookConfig(url=webhook))
 
 
 async def _publish_fleet(transport: Transport, topics: Topics, steps: int,
@@ -67,8 +69,19 @@ async def _run_until(service: DetectorService, done: object, timeout: float = 60
 
 
 async def test_frames_in_alerts_out_bad_input_dead_lettered(tmp_path: Path) -> None:
+    posted: list[dict[str, object]] = []
+
+    async def alertmanager(request: web.Request) -> web.Response:
+        posted.extend(await request.json())
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/api/v2/alerts", alertmanager)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
     name = f"det-{uuid.uuid4().hex}"
-    config = _config(tmp_path, name)
+    config = _config(tmp_path, name, webhook=f"http://127.0.0.1:{runner.addresses[0][1]}")
     transport = open_transport(config.transport)  # type: ignore[attr-defined]
     await transport.start()
     topics = Topics()
@@ -100,7 +113,11 @@ async def test_frames_in_alerts_out_bad_input_dead_lettered(tmp_path: Path) -> N
     assert all(key == a.entity.encode() for key, a in alerts)
     # The final checkpoint holds the models of the partition that carried the rack.
     assert any(checkpoint_path(tmp_path / "state", p).exists() for p in range(2))
+    # The same transitions reached the Alertmanager endpoint.
+    hooked = {(a["labels"]["entity"], a["labels"]["source"]) for a in posted}  # type: ignore[index]
+    assert hooked == {(a.entity, a.source) for _, a in alerts}
     await transport.close()
+    await runner.cleanup()
 
 
 async def test_restart_restores_models_and_does_not_repeat_alerts(tmp_path: Path) -> None:
