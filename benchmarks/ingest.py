@@ -520,6 +520,7 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
     cpu_series["broker"] = Series()
     t_end: float | None = None
     drained_at: float | None = None
+    died_at: dict[str, float] = {}
     deadline_drain = float("inf")
     while True:
         await asyncio.sleep(1.0)
@@ -557,13 +558,15 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
             if now - t_end > 15 and all(s.at(now) == s.at(now - 15)
                                         for s in monitor.committed.values()):
                 break
-        if any(p.returncode is not None for n, p in procs.items() if n != "fleet"):
-            dead = [n for n, p in procs.items() if n != "fleet" and p.returncode is not None]
-            print(f"stage(s) exited early: {dead}", file=sys.stderr)
-            if t_end is None:
-                fleet.terminate()
-            else:
-                break
+        # A stage that dies is a result, not a reason to stop: the load runs its full
+        # duration so the other stages are measured over it; the death time is reported.
+        for n, p in procs.items():
+            if n != "fleet" and p.returncode is not None and n not in died_at:
+                died_at[n] = round(now, 1)
+                print(f"stage {n} exited with status {p.returncode} at t={now:.0f}s",
+                      file=sys.stderr, flush=True)
+        if t_end is not None and len(died_at) == len(procs) - 1:
+            break
 
     for p in procs.values():
         if p.returncode is None:
@@ -587,8 +590,12 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
         with contextlib.suppress(Exception):
             await asyncio.wait_for(probe_task, 10)
     assert t_end is not None
-    return _report(args, stages, monitor, outputs, errs, t_end, drained_at, cpu0, cpu_end,
-                   broker0, broker_end, busy0, busy_end, load0, procs, probe, cpu_series)
+    result = _report(args, stages, monitor, outputs, errs, t_end, drained_at, cpu0, cpu_end,
+                     broker0, broker_end, busy0, busy_end, load0, procs, probe, cpu_series)
+    for name, t in died_at.items():
+        stage = name.split("#")[0]
+        result["per_stage"][stage].setdefault("died_at_s", {})[name] = t
+    return result
 
 
 def _member(stage: str, i: int) -> str:
@@ -775,6 +782,9 @@ def _print_table(r: dict[str, Any]) -> None:
     line("broker", r["broker"])
     for name, row in r["per_stage"].items():
         line(name, row)
+        if row.get("died_at_s"):
+            print(f"{'':<11}(exited during the run at t = {row['died_at_s']} s; "
+                  f"exit codes {row.get('exit_codes')})")
     print(f"end to end {r['metrics_per_s']:,.0f} metrics/s, lag max {r['lag_max_s']} s, "
           f"final {r['lag_final_s']} s, drain {r['drain_s']} s, latency p50 "
           f"{r['latency_ms_p50']} ms p99 {r['latency_ms_p99']} ms; rollup visible p50 "
