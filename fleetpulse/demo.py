@@ -555,7 +555,7 @@ async def run_demo(
     app = web.Application()
     aggregator.add_routes(app)
     page = add_web_routes(app, board, cfg.web)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=3.0)
     await runner.setup()
     host, port = agg_cfg.host_port
     site = web.TCPSite(runner, host, port)
@@ -598,30 +598,47 @@ async def run_demo(
                 view.status(text)
     finally:
         fleet_stop.set()
-        with contextlib.suppress(Exception):
-            await tasks[0]
+        await _settle([tasks[0]], 45.0, "the fleet")
         summary = run.summary()  # ingest figures cover the run, not the drain
         t_stop = time.monotonic()
         await _drain(aggregator, detector, cfg.drain_s)
         log.info("drained in %.1f s", time.monotonic() - t_stop)
         stage_stop.set()
         aggregator.stop()
-        results = await asyncio.gather(*tasks[1:], return_exceptions=True)
+        await _settle(tasks[1:], 90.0, "the stages")
         log.info("stages stopped after %.1f s", time.monotonic() - t_stop)
-        for r in results:
-            if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
-                log.error("stage stopped with an error: %r", r)
         view.close()
         await runner.cleanup()
         for t in transports:
             with contextlib.suppress(Exception):
                 await t.close()
+        log.info("closed after %.1f s", time.monotonic() - t_stop)
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     # alerts that arrived during the drain count too
     summary |= score.summary(fleet.sim_s, fleet.sim_now_ms)
     summary["alerts_firing"] = len(board.firing())
     return summary
+
+
+async def _settle(tasks: list[asyncio.Task[Any]], timeout_s: float, what: str) -> None:
+    """Wait for ``tasks`` to finish after their stop signal; log errors; cancel stragglers.
+
+    A stage that does not stop in time is cancelled (its stack logged first), so SIGINT
+    always ends the demo.
+    """
+    done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+    for t in pending:
+        frames = "".join(f"\n  {f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}"
+                         for f in t.get_stack())
+        log.error("%s: %s did not stop within %.0f s; cancelling it at:%s", what,
+                  t.get_name(), timeout_s, frames)
+        t.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=10.0)
+    for t in done:
+        if not t.cancelled() and t.exception() is not None:
+            log.error("%s: %s stopped with an error: %r", what, t.get_name(), t.exception())
 
 
 async def _drain(aggregator: AggregatorService, detector: DetectorService,
