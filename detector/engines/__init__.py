@@ -21,8 +21,12 @@ __all__ = [
 ENGINE_NAMES: tuple[str, ...] = ("krcf", "numba")
 """Every engine ``make_engine`` knows."""
 
-DEFAULT_ENGINE = "krcf"
-"""The engine the detector uses unless configured otherwise."""
+DEFAULT_ENGINE = "numba"
+"""The engine the detector uses unless configured otherwise.
+
+numba, although it is still short of its 20 k updates/s target (issue 8): in the same runs it
+is 2.3x faster than krcf at 1/19 of the memory per model with equal detection quality, the
+detector's thresholds were tuned on its score scale, and krcf is only a test dependency."""
 
 
 def make_engine(name: str, config: EngineConfig) -> ForestEngine:
