@@ -615,9 +615,11 @@ async def run_demo(
         log.info("closed after %.1f s", time.monotonic() - t_stop)
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    # alerts that arrived during the drain count too
+    # what the stages finished during the drain, and the alerts it produced, count too
     summary |= score.summary(fleet.sim_s, fleet.sim_now_ms)
     summary["alerts_firing"] = len(board.firing())
+    summary["aggregated_metrics"] = int(aggregator.rack.stats.metrics)
+    summary["detector_updates"] = int(detector.stats.updates)
     return summary
 
 

@@ -119,3 +119,23 @@ def test_demo_duration_json_summary(tmp_path: Path) -> None:
     assert 0 <= summary["faults_detected"] <= summary["faults_injected"]
     assert summary["alerts"] >= summary["faults_detected"]
     assert "heatmap and query API on http://127.0.0.1:" in res.stderr
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(240)
+def test_demo_over_kafka(kafka_bootstrap: str, unique_prefix: str) -> None:
+    """``--bootstrap`` runs the same stages over a real broker instead of the embedded one."""
+    cmd = [sys.executable, "-m", "fleetpulse", "demo", "--gpus", "128", "--speed", "20",
+           "--duration", "10", "--faults", "1", "--fault-kinds", "fallen_off_bus",
+           "--bootstrap", kafka_bootstrap, "--listen", "127.0.0.1:0", "--json"]
+    env = dict(os.environ) | {"FLEETPULSE_DEMO_NODES_PER_RACK": "4",
+                              "FLEETPULSE_DEMO_TRANSPORT__TOPIC_PREFIX": unique_prefix}
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=230)
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["gpus"] == 128 and summary["samples"] > 0
+    # every published sample went through Kafka into the aggregator and the detector
+    assert summary["aggregated_metrics"] == summary["samples"]
+    gpu_steps = summary["samples"] // len(METRICS)
+    assert 0.9 * gpu_steps <= summary["detector_updates"] <= gpu_steps
+    assert f"transport {kafka_bootstrap}" in res.stderr
