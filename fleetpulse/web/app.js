@@ -150,6 +150,16 @@
     S.loading = true;
     setStatus("loading the last hour…");
     const rangeS = S.cfg.range_s;
+    if (!S.gpus.length) {
+      // Learn the fleet's size from one instant vector first, so the range fetch can pick
+      // a step that keeps GPUs x steps within the point budget.
+      try {
+        const inst = await prom("api/v1/query", { query: selector(S.metric, "gpu"), time: S.nowMs / 1000 });
+        learnGpus(inst.result);
+      } catch (err) {
+        // the range query below still works, at the smallest step
+      }
+    }
     S.step = chooseStep(rangeS, Math.max(S.gpus.length, S.cfg.expected_gpus || 0));
     const end = Math.floor(S.nowMs / 1000 / S.step) * S.step;
     const start = end - rangeS + S.step;
