@@ -594,6 +594,12 @@ async def test_broker_restart_while_producing_loses_no_acked_record(
 
         task = asyncio.create_task(producer())
         await asyncio.sleep(1.0)
+        # Some records must be acknowledged before the stop; on a loaded machine the first
+        # acks (producer id, metadata) can take longer than the 1 s above: wait for them.
+        deadline = time.monotonic() + 60
+        while not acked:
+            assert time.monotonic() < deadline, "nothing acknowledged before the restart"
+            await asyncio.sleep(0.1)
         before = len(acked)
         phase("stopping broker")
         await asyncio.to_thread(broker.stop)
@@ -606,7 +612,7 @@ async def test_broker_restart_while_producing_loses_no_acked_record(
         assert info.value.retriable, "the agent spools only on retriable errors"
         # request_timeout_ms (2 s) plus slack for a loaded 2-core machine
         assert time.monotonic() - probe_started < 2.0 + 2.0
-        phase("probe send failed")
+        phase(f"probe send failed after {time.monotonic() - probe_started:.2f}s")
         await asyncio.to_thread(broker.start)
         phase("broker started")
         assert broker.bootstrap == bootstrap
