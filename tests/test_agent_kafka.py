@@ -56,7 +56,9 @@ class AgentProcess:
         raise AssertionError(f"agent did not start:\n{self.log.read_text()}")
 
     def metric(self, name: str) -> float:
-        text = urllib.request.urlopen(self.metrics_url, timeout=5).read().decode()
+        # 30 s: the agent answers between samples; on a loaded 2-core CI machine that can
+        # take several seconds, and a timeout here would be a false failure.
+        text = urllib.request.urlopen(self.metrics_url, timeout=30).read().decode()
         for line in text.splitlines():
             if line.startswith(name + " "):
                 return float(line.split()[-1])
@@ -83,22 +85,40 @@ class AgentProcess:
             self._fh.close()
 
 
-async def _consume(bootstrap: str, topic: str, quiet_s: float = 5.0) -> list[tuple[int, bytes]]:
+async def _consume(bootstrap: str, topic: str, timeout_s: float = 120.0
+                   ) -> list[tuple[int, bytes]]:
+    """Every record of ``topic``: read until each partition's end offset (taken first).
+
+    Reading until the end offsets, rather than until a quiet spell, cannot stop early when
+    joining the group or the first fetch is slow on a loaded machine.
+    """
     transport = open_transport(TransportConfig(bootstrap=bootstrap))
     await transport.start()
     consumer = transport.consumer([topic], f"check-{time.time_ns()}")
     out: list[tuple[int, bytes]] = []
-    last = time.monotonic()
     try:
-        while time.monotonic() - last < quiet_s:
-            batch = await consumer.getmany(timeout_ms=500)
-            if batch:
-                last = time.monotonic()
-                out += [(m.offset, m.value) for m in batch]
+        n = await transport.partitions_for(topic)
+        ends = await consumer.end_offsets([(topic, p) for p in range(n)])
+        seen = {tp: 0 for tp in ends}
+        deadline = time.monotonic() + timeout_s
+        while any(seen[tp] < end for tp, end in ends.items()):
+            assert time.monotonic() < deadline, f"read {seen} of {ends} in {timeout_s} s"
+            for m in await consumer.getmany(timeout_ms=500):
+                seen[(m.topic, m.partition)] = m.offset + 1
+                out.append((m.offset, m.value))
     finally:
         await consumer.stop()
         await transport.close()
     return out
+
+
+def _until(what: str, cond: Callable[[], bool], log: Path, timeout: float = 60.0) -> None:
+    """Poll ``cond`` until true; a condition, not a fixed sleep, so a loaded machine only
+    makes the test slower."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s\n{log.read_text()}"
+        time.sleep(0.2)
 
 
 def test_outage_and_kill9_every_agent_seq_exactly_once_in_order(
@@ -122,18 +142,22 @@ def test_outage_and_kill9_every_agent_seq_exactly_once_in_order(
     try:
         first.wait_started()
         time.sleep(3)
-        assert first.metric('fleetpulse_agent_frames_sent_total{stream="samples"}') > 0, \
-            first.log.read_text()
+        _until("frames sent", lambda: first.metric(
+            'fleetpulse_agent_frames_sent_total{stream="samples"}') > 0, first.log)
         # Phase 1: a 30 s outage while the agent keeps sampling.
         broker.stop()  # type: ignore[attr-defined]
         time.sleep(OUTAGE_S)
-        assert first.metric('fleetpulse_agent_spool_frames{stream="samples"}') > 0
+        _until("spooling in the outage", lambda: first.metric(
+            'fleetpulse_agent_spool_frames{stream="samples"}') > 0, first.log)
         broker.start()  # type: ignore[attr-defined]
         first.wait_drained(90)
         # Phase 2: outage again, SIGKILL with a non-empty spool, a new incarnation.
         broker.stop()  # type: ignore[attr-defined]
         time.sleep(6)
-        assert first.metric('fleetpulse_agent_spool_frames{stream="samples"}') > 0
+        # The agent spools once a send times out (3 s) or an ack is overdue (5 s): only
+        # 1 s after that on an idle machine, so wait for it rather than assume it.
+        _until("spooling in the 2nd outage", lambda: first.metric(
+            'fleetpulse_agent_spool_frames{stream="samples"}') > 0, first.log)
         first.stop(signal.SIGKILL)
         second = AgentProcess(env, tmp_path / "agent-b.log")
         second.wait_started()
@@ -207,7 +231,8 @@ def test_slow_broker_spools_and_replays_without_gaps(
         os.kill(pid, signal.SIGSTOP)
         try:
             time.sleep(10)
-            assert agent.metric('fleetpulse_agent_spooling{stream="samples"}') == 1
+            _until("spooling while frozen", lambda: agent.metric(
+                'fleetpulse_agent_spooling{stream="samples"}') == 1, agent.log)
         finally:
             os.kill(pid, signal.SIGCONT)
         agent.wait_drained(90)
