@@ -233,12 +233,16 @@ class AggregatorService:
 
     async def durable(self, loop: _Loop, partitions: Iterable[int]) -> None:
         """Steps 1-4 of the module docstring for ``partitions`` of ``loop``."""
-        parts = sorted(p for p in partitions if p in loop.owned)
+        wanted = set(partitions)
         if self._pending:
             pending, self._pending = self._pending, []
             await self._acknowledged(pending)
         self.index.flush()
         self.store.flush()
+        # Owned partitions are read only now, after the await: while the acknowledgements
+        # were awaited, a rebalance callback (it may run whenever the consumer is not
+        # holding a batch) can have revoked some, and their state is gone from the stage.
+        parts = sorted(p for p in wanted if p in loop.owned)
         if not parts or loop.consumer is None:
             return
         offsets: dict[TopicPartition, int] = {}

@@ -1,0 +1,56 @@
+"""The service's durability cycle against a rebalance callback that runs in its middle.
+
+The Kafka adapter runs rebalance callbacks whenever the consumer is not holding a batch,
+which includes the time after an empty ``getmany`` while the service awaits rollup
+acknowledgements in its periodic cycle. A partition revoked then must not be checkpointed
+by the cycle that resumes afterwards (its state is gone from the stage: that was a
+KeyError that killed the consumer loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from test_aggregator_support import make_fleet
+
+from aggregator.checkpoint import load_checkpoint
+from aggregator.config import AggregatorConfig
+from aggregator.service import AggregatorService
+from fleetpulse.config import TransportConfig
+
+
+async def test_revoke_while_the_cycle_awaits_acknowledgements(tmp_path):
+    cfg = AggregatorConfig(transport=TransportConfig(bootstrap="memory://agg-race",
+                                                     topic_prefix="race"),
+                           data_dir=str(tmp_path / "d"), listen="127.0.0.1:0",
+                           lateness_ms=5000, row_stage=False, fsync=False,
+                           samples_partitions=2)
+    svc = AggregatorService(cfg)
+    await svc.start(serve_http=False)
+    try:
+        loop = svc.loops[0]
+        assert loop.consumer is not None
+        for _ in range(100):  # join the group: its callback assigns both partitions
+            assert await loop.consumer.getmany(timeout_ms=20) == []
+            if loop.owned == {0, 1}:
+                break
+        assert loop.owned == {0, 1}
+        fl = make_fleet(n_racks=2, seconds=40, partitions=2)
+        await svc.handle(loop, fl.messages)
+        assert svc.rack.parts.keys() == {0, 1}
+        ack: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        svc._pending.append((ack, b"", b""))  # a rollup whose acknowledgement is pending
+        cycle = asyncio.create_task(svc.durable(loop, {0, 1}))
+        await asyncio.sleep(0.05)
+        assert not cycle.done()  # waiting for the acknowledgement
+        await loop.on_revoked(frozenset({(loop.topic, 0)}))  # the callback runs meanwhile
+        assert 0 not in svc.rack.parts and loop.owned == {1}
+        ack.set_result(None)
+        await asyncio.wait_for(cycle, 30)  # no KeyError for the revoked partition
+        assert load_checkpoint(svc.state_dir, loop.topic, 0) is not None  # by the revoke
+        assert load_checkpoint(svc.state_dir, loop.topic, 1) is not None  # by the cycle
+    finally:
+        for lp in svc.loops:
+            if lp.consumer is not None:
+                await lp.consumer.stop()
+        await svc.close()
