@@ -27,10 +27,13 @@ from test_web_page import CHROMEDRIVER, CHROMIUM, BrowserPage, chromium
 
 from agent.fleet import Topology
 
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="needs Debian chromium and chromium-driver (scripts/test.sh installs them)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        CHROMIUM is None or CHROMEDRIVER is None,
+        reason="needs Debian chromium and chromium-driver (scripts/test.sh installs them)",
+    ),
+    pytest.mark.timeout(600),  # the first test also waits for the demo to come up
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE = {"NODES_PER_RACK": "4", "RACKS_PER_ROW": "2"}
@@ -87,7 +90,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoProcess]:
     reader = threading.Thread(target=dp.read_stderr, daemon=True)
     reader.start()
     try:
-        dp.url = dp.wait_url(60)
+        dp.url = dp.wait_url(240)  # a cold numba cache compiles the stages' kernels first
         yield dp
     finally:
         if proc.poll() is None:
@@ -105,7 +108,7 @@ def page(demo: DemoProcess) -> Iterator[BrowserPage]:
     try:
         bp = BrowserPage(driver)
         # the first frames need a few seconds to become rollups the page can show
-        bp.wait(lambda: _has_data(demo.url), 60, "data in the query API")
+        bp.wait(lambda: _has_data(demo.url), 180, "data in the query API")
         bp.open(demo.url, timeout=60)
         yield bp
     finally:
