@@ -662,7 +662,7 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
             cpu_series[st.name] = total
         if group is not None:
             c = groups.pop(group)
-            rate = c.slope(steady, window) * metrics_per_frame
+            rate = max(c.slope(steady, window) * metrics_per_frame, 0.0) + 0.0
             lag = monitor.lag[group]
             lag_in = [v for t, v in zip(lag.t, lag.v, strict=True) if t <= window]
             caught_up = bool(c.v) and monitor.end.v and c.v[-1] >= monitor.end.v[-1]
