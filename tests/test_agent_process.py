@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -114,6 +116,14 @@ def _wait_for(path: Path, text: str, timeout: float) -> None:
     raise AssertionError(f"{text!r} not in {path} after {timeout} s:\n{path.read_text()}")
 
 
+def _metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    return 0.0
+
+
 def test_sigterm_with_the_broker_down_spools_everything_and_exits_0(tmp_path: Path) -> None:
     env = agent_env(
         tmp_path,
@@ -127,7 +137,15 @@ def test_sigterm_with_the_broker_down_spools_everything_and_exits_0(tmp_path: Pa
         proc = subprocess.Popen(fleetpulse("agent"), env=env, stdout=fh, stderr=fh)
     try:
         _wait_for(log, "started", 60)
-        time.sleep(2.0)
+        # SIGTERM once at least 5 frames were built (about 1 s idle), not after a fixed
+        # sleep: a starved process on a loaded machine may build fewer in a given time.
+        _wait_for(log, "/metrics", 60)
+        url = re.search(r"(http://127\.0\.0\.1:\d+/metrics)", log.read_text())
+        assert url is not None, log.read_text()
+        deadline = time.monotonic() + 60
+        while _metric(url.group(1), "fleetpulse_agent_frames_built_total") < 5:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log.read_text()
     finally:
