@@ -412,6 +412,22 @@ def test_heatmap_has_one_cell_per_gpu(browser: BrowserPage, fleet_server: Any) -
     assert "metric:fleetpulse_gpu_fan_speed_ratio" not in options
 
 
+def test_empty_fleet_loads_and_fills_in_as_data_arrives(browser: BrowserPage) -> None:
+    """Before the first rollups the API has no GPU series: the page must wait, not fail."""
+    end_s = (int(time.time()) // STEP_S) * STEP_S
+    fleet = GeneratedFleet(rows=1, racks=2, nodes=2, gpus=8, end_s=end_s)
+    full = fleet.values
+    fleet.values = {}
+    app = prometheus_app(fleet)
+    add_web_routes(app, AlertBoard(clock=lambda: fleet.end_s * 1000),
+                   WebConfig(refresh_s=0.3, min_step_s=STEP_S))
+    with ServerThread(app) as server:
+        browser.open(server.url)
+        assert browser.attr("cells") == "0"
+        server.call(lambda: setattr(fleet, "values", full))
+        browser.wait(lambda: browser.attr("cells") == str(fleet.size), 10, "cells appear")
+
+
 def test_drill_down_cluster_row_rack_node_gpu(browser: BrowserPage, fleet_server: Any) -> None:
     server, fleet, _ = fleet_server
     browser.open(server.url)

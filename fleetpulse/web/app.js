@@ -357,7 +357,8 @@
       const score = (s >= 5 ? s : s / 4) * Math.min(1, availH / h) ** 2;
       if (!best || score > best.score + 1e-9) best = { score, s, rowsPerLine, racksPerLine };
     };
-    for (let r = 1; r <= (level === "cluster" ? rows.length : 1); r++) tryLayout(r, maxRacks);
+    // (an empty fleet, before the first rollups, still gets a layout: no cells)
+    for (let r = 1; r <= (level === "cluster" ? Math.max(1, rows.length) : 1); r++) tryLayout(r, maxRacks);
     for (let k = maxRacks - 1; k >= 1 && best.s < 5; k--) tryLayout(1, k);
     const { s, rowsPerLine, racksPerLine } = best;
     const rackLabelH = rackLabelFor(s);
@@ -455,6 +456,11 @@
 
   function render() {
     const t0 = performance.now();
+    if (S.view.length === 1 && !S.view[0] && S.gpus.length) {
+      // the page opened before any data: the cluster is known now
+      S.view = [S.gpus[0].cluster];
+      renderCrumbs();
+    }
     const width = Math.max(320, canvas.parentElement.clientWidth);
     const L = (S.layout = computeLayout(width));
     const dpr = window.devicePixelRatio || 1;
