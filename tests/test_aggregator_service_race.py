@@ -4,7 +4,9 @@ The Kafka adapter runs rebalance callbacks whenever the consumer is not holding 
 which includes the time after an empty ``getmany`` while the service awaits rollup
 acknowledgements in its periodic cycle. A partition revoked then must not be checkpointed
 by the cycle that resumes afterwards (its state is gone from the stage: that was a
-KeyError that killed the consumer loop).
+KeyError that killed the consumer loop). And a commit the group refuses because it
+rebalanced is a crash between checkpoint and commit, not a reason to exit (it made a
+restarted detector or aggregator exit 1 when its killed predecessor expired from the group).
 """
 
 from __future__ import annotations
@@ -49,6 +51,37 @@ async def test_revoke_while_the_cycle_awaits_acknowledgements(tmp_path):
         await asyncio.wait_for(cycle, 30)  # no KeyError for the revoked partition
         assert load_checkpoint(svc.state_dir, loop.topic, 0) is not None  # by the revoke
         assert load_checkpoint(svc.state_dir, loop.topic, 1) is not None  # by the cycle
+    finally:
+        for lp in svc.loops:
+            if lp.consumer is not None:
+                await lp.consumer.stop()
+        await svc.close()
+
+
+async def test_a_commit_refused_by_a_rebalance_does_not_stop_the_service(tmp_path):
+    """A commit the group refuses (the partitions were reassigned: here one this member
+    never got) is a crash between checkpoint and commit, not a reason to exit."""
+    cfg = AggregatorConfig(transport=TransportConfig(bootstrap="memory://agg-refused",
+                                                     topic_prefix="refused"),
+                           data_dir=str(tmp_path / "d"), listen="127.0.0.1:0",
+                           lateness_ms=5000, row_stage=False, fsync=False,
+                           samples_partitions=2)
+    svc = AggregatorService(cfg)
+    await svc.start(serve_http=False)
+    try:
+        loop = svc.loops[0]
+        assert loop.consumer is not None
+        for _ in range(100):
+            await loop.consumer.getmany(timeout_ms=20)
+            if loop.owned == {0, 1}:
+                break
+        # A partition this instance believes it owns but the group gave to no one (as
+        # after a rebalance this member has not yet heard of): the broker refuses it.
+        svc.rack.assign(7, None)
+        loop.owned.add(7)
+        await svc.durable(loop, {0, 1, 7})  # refused, but no exception
+        assert load_checkpoint(svc.state_dir, loop.topic, 0) is not None
+        assert await loop.consumer.committed((loop.topic, 0)) is None  # nothing committed
     finally:
         for lp in svc.loops:
             if lp.consumer is not None:
