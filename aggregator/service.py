@@ -255,9 +255,9 @@ class AggregatorService:
         except TransportError as exc:
             if exc.retriable:
                 raise  # the broker is unreachable: the loop fails, a restart resumes
-            # Refused for good: the group rebalanced (a member left or joined, e.g. the
-            # previous incarnation of this process expiring after a kill -9). That is a
-            # crash between checkpoint and commit, which replay handles; the consumer
+            # Refused for good: the group rebalanced, e.g. this member was expelled because
+            # its event loop stalled past the session timeout on a loaded machine. That is
+            # a crash between checkpoint and commit, which replay handles; the consumer
             # rejoins at its next poll and the callbacks checkpoint or forget partitions.
             log.warning("commit of %s refused (group rebalanced?): %s", sorted(parts), exc)
 
