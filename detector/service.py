@@ -34,10 +34,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from detector.checkpoint import CheckpointError, atomic_write, load_shard, save_shard
 from detector.config import DetectorConfig
 from detector.event_rules import EventShard
-from detector.features import gather
+from detector.features import gather, group_median
 from detector.shard import DetectorShard
 from detector.webhook import AlertmanagerWebhook
-from fleetpulse.transport import Consumer, Message, RecordMeta, TopicPartition, Transport
+from fleetpulse.transport import (
+    Consumer,
+    Message,
+    RecordMeta,
+    TopicPartition,
+    Transport,
+    TransportError,
+)
 from schemas.errors import DecodeError
 from schemas.frame import SampleFrame, decode_frame
 from schemas.records import AlertRecord, EventRecord
@@ -145,6 +152,7 @@ class DetectorService:
         await self.transport.ensure_topics({t.samples: cfg.partitions, t.events: cfg.partitions,
                                             t.alerts: cfg.partitions, t.deadletter: 1})
         self._alert_partitions = await self.transport.partitions_for(t.alerts)
+        await asyncio.to_thread(warm_up, cfg, self.engine)
         self.consumer = self.transport.consumer([t.samples, t.events], cfg.group_id,
                                                 listener=self, from_beginning=True)
         try:
@@ -338,7 +346,37 @@ class DetectorService:
             atomic_write(self.state_dir / f"events-{p}.ckpt", es.to_bytes(self.next_offset[tp]))
             commit[tp] = self.next_offset[tp]
         if commit:
-            await self.consumer.commit(commit)
+            try:
+                await self.consumer.commit(commit)
+            except TransportError as exc:
+                if exc.retriable:
+                    raise  # the broker is unreachable: the loop fails, a restart resumes
+                # Refused for good: the group rebalanced (e.g. this member was expelled after
+                # a stall past the session timeout). That is a crash between checkpoint and
+                # commit, which the checkpoints' own offsets cover; the consumer rejoins at
+                # its next poll and on_assigned restores or replays.
+                log.warning("commit of %s refused (group rebalanced?): %s", sorted(commit), exc)
         self.stats.checkpoints += 1
         self._last_checkpoint = time.monotonic()
 
+
+
+def warm_up(config: DetectorConfig, engine: str | None = None) -> None:
+    """Compile (or load from numba's cache) the scoring kernels before joining the group.
+
+    A first numba compile can take tens of seconds on a busy machine. Inside the consumer
+    loop it would stop heartbeats past the session timeout and get this member expelled
+    from its group (seen on a loaded 2-core machine), so ``run`` does it before the first
+    poll, in a thread, on throwaway models.
+    """
+    shard = DetectorShard(config, engine)
+    rng = np.random.default_rng(0)
+    ids = np.zeros(1, dtype=np.int64)
+    for eng in (shard.gpu_bank.engine, shard.rack_bank.engine):
+        dims = eng.config.dims
+        eng.ensure_models(1)
+        for _ in range(eng.config.effective_output_after + eng.config.shingle + 2):
+            eng.update(ids, rng.random((1, dims), dtype=np.float32),
+                       attribute_above=np.zeros(1))
+        eng.score(ids, rng.random((1, dims), dtype=np.float32))
+    group_median(np.zeros(2), np.zeros(2, dtype=np.int64))
