@@ -105,6 +105,16 @@ class ForestEngine(ABC):
         """Make model ids ``0 .. n-1`` exist (new ones are empty, in cold start)."""
 
     @abstractmethod
+    def _run(
+        self,
+        model_ids: npt.NDArray[np.int64],
+        points: npt.NDArray[np.float32],
+        attribute_above: float | npt.NDArray[np.float64],
+        learn: bool,
+    ) -> ScoreBatch:
+        """The one batched pass both :meth:`update` and :meth:`score` make; an engine
+        implements this, with ``learn`` saying whether the points are then learned."""
+
     def update(
         self,
         model_ids: npt.NDArray[np.int64],
@@ -119,8 +129,8 @@ class ForestEngine(ABC):
         second pass over the trees (krcf) skip it; engines that get it for free fill every
         row. The default attributes every scored row.
         """
+        return self._run(model_ids, points, attribute_above, learn=True)
 
-    @abstractmethod
     def score(
         self,
         model_ids: npt.NDArray[np.int64],
@@ -128,6 +138,7 @@ class ForestEngine(ABC):
         attribute_above: float | npt.NDArray[np.float64] = 0.0,
     ) -> ScoreBatch:
         """Score without learning: no side effect on any model (same ``attribute_above``)."""
+        return self._run(model_ids, points, attribute_above, learn=False)
 
     @abstractmethod
     def checkpoint(self, model_id: int) -> bytes:

@@ -95,26 +95,11 @@ class KrcfEngine(ForestEngine):
                 low = np.asarray(div["low"]).reshape(self.config.shingle, dims).sum(axis=0)
                 attribution[i] = high + low
                 direction[i] = np.sign(high - low).astype(np.int8)
+            # krcf's score() shingles the point against the buffer without storing it, so
+            # only update() changes the model.
             if learn:
                 forest.update(point)
         return ScoreBatch(scores=scores, attribution=attribution, direction=direction)
-
-    def update(
-        self,
-        model_ids: npt.NDArray[np.int64],
-        points: npt.NDArray[np.float32],
-        attribute_above: float | npt.NDArray[np.float64] = 0.0,
-    ) -> ScoreBatch:
-        return self._run(model_ids, points, attribute_above, learn=True)
-
-    def score(
-        self,
-        model_ids: npt.NDArray[np.int64],
-        points: npt.NDArray[np.float32],
-        attribute_above: float | npt.NDArray[np.float64] = 0.0,
-    ) -> ScoreBatch:
-        # krcf's score() shingles the point against the buffer without storing it.
-        return self._run(model_ids, points, attribute_above, learn=False)
 
     def checkpoint(self, model_id: int) -> bytes:
         return _HEADER.pack(_MAGIC, _VERSION) + self._forest(model_id).to_msgpack()

@@ -65,22 +65,6 @@ class NumbaEngine(ForestEngine):
         return ScoreBatch(scores=scores, attribution=high_b + low_b,
                           direction=np.sign(high_b - low_b).astype(np.int8))
 
-    def update(
-        self,
-        model_ids: npt.NDArray[np.int64],
-        points: npt.NDArray[np.float32],
-        attribute_above: float | npt.NDArray[np.float64] = 0.0,
-    ) -> ScoreBatch:
-        return self._run(model_ids, points, attribute_above, learn=True)
-
-    def score(
-        self,
-        model_ids: npt.NDArray[np.int64],
-        points: npt.NDArray[np.float32],
-        attribute_above: float | npt.NDArray[np.float64] = 0.0,
-    ) -> ScoreBatch:
-        return self._run(model_ids, points, attribute_above, learn=False)
-
     def _check_id(self, model_id: int) -> None:
         if not 0 <= model_id < self._state.models:
             raise KeyError(f"model {model_id} does not exist ({self._state.models} models)")
