@@ -178,6 +178,18 @@ def _varint(buf: np.ndarray, pos: int, v: np.uint64) -> int:  # pragma: no cover
 
 
 @nb.njit(inline="always", cache=True)
+def _seal(buf: np.ndarray, pos: int, start: int, p: int, acc: np.uint64, nacc: int) -> int:  # pragma: no cover - numba
+    """Close a bit-stream body written at ``start`` (10 bytes past ``pos``, room for the
+    longest varint) and move it down behind its varint length at ``pos``; returns the end."""
+    p = _finish(buf, p, acc, nacc)
+    nbytes = p - start
+    q = _varint(buf, pos, U64(nbytes))
+    for i in range(nbytes):  # q < start: a forward copy never overwrites unread bytes
+        buf[q + i] = buf[start + i]
+    return q + nbytes
+
+
+@nb.njit(inline="always", cache=True)
 def _varint_len(v: np.uint64) -> int:  # pragma: no cover - numba
     n = 1
     while v >= U64(0x80):
@@ -286,12 +298,7 @@ def _enc_ts(ts: np.ndarray, buf: np.ndarray, pos: int) -> int:  # pragma: no cov
         else:
             p, acc, nacc = _put(buf, p, acc, nacc, U64(0b1111), 4)
             p, acc, nacc = _put64(buf, p, acc, nacc, z, 64)
-    p = _finish(buf, p, acc, nacc)
-    nbytes = p - start
-    q = _varint(buf, pos, U64(nbytes))
-    for i in range(nbytes):  # q < start: a forward copy never overwrites unread bytes
-        buf[q + i] = buf[start + i]
-    return q + nbytes
+    return _seal(buf, pos, start, p, acc, nacc)
 
 
 @nb.njit(cache=True)
@@ -367,12 +374,7 @@ def _enc_xor(bits: np.ndarray, buf: np.ndarray, pos: int) -> int:  # pragma: no 
             p, acc, nacc = _put64(buf, p, acc, nacc, x >> U64(tz), sig)
             plz = lz
             ptz = tz
-    p = _finish(buf, p, acc, nacc)
-    nbytes = p - start
-    q = _varint(buf, pos, U64(nbytes))
-    for i in range(nbytes):  # q < start: a forward copy never overwrites unread bytes
-        buf[q + i] = buf[start + i]
-    return q + nbytes
+    return _seal(buf, pos, start, p, acc, nacc)
 
 
 @nb.njit(cache=True)
