@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["ConfigError", "TransportConfig", "load_config"]
+__all__ = ["ConfigError", "TransportConfig", "load_config", "transport_overrides"]
 
 T = TypeVar("T")
 
@@ -66,6 +66,15 @@ class TransportConfig:
             )
         if not self.is_memory and not self.bootstrap.strip():
             raise ConfigError("transport.bootstrap is empty")
+
+
+def transport_overrides(**flags: str | None) -> dict[str, Any]:
+    """The ``transport`` table of command-line overrides: only the flags that were given.
+
+    Keys are TransportConfig field names; load_config rejects any other, so a command
+    cannot pass a misspelt one silently.
+    """
+    return {key: value for key, value in flags.items() if value}
 
 
 def _convert(value: Any, tp: Any, where: str) -> Any:

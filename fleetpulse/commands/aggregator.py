@@ -21,7 +21,7 @@ from typing import Any
 from aggregator.config import AggregatorConfig
 from aggregator.service import AggregatorService
 from aggregator.store import StoreError
-from fleetpulse.config import ConfigError, load_config
+from fleetpulse.config import ConfigError, load_config, transport_overrides
 
 __all__ = ["ENV_PREFIX", "load_aggregator_config", "register", "run"]
 
@@ -55,11 +55,7 @@ def load_aggregator_config(path: Path | None, overrides: dict[str, Any] | None =
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    transport: dict[str, Any] = {}
-    if args.bootstrap:
-        transport["bootstrap"] = args.bootstrap
-    if args.topic_prefix:
-        transport["topic_prefix"] = args.topic_prefix
+    transport = transport_overrides(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix)
     if transport:
         out["transport"] = transport
     for key, value in (("data_dir", args.data_dir), ("state_dir", args.state_dir),

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from fleetpulse.config import ConfigError, load_config
+from fleetpulse.config import ConfigError, load_config, transport_overrides
 from schemas.errors import DecodeError
 from schemas.records import AlertRecord, AlertState
 
@@ -72,10 +72,7 @@ async def _tail(args: argparse.Namespace, out: TextIO) -> int:
                 table = dict(tomllib.load(fh).get("transport", {}))
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"config file {args.config}: {exc}") from exc
-    if args.bootstrap:
-        table["bootstrap"] = args.bootstrap
-    if args.prefix:
-        table["topic_prefix"] = args.prefix
+    table.update(transport_overrides(bootstrap=args.bootstrap, topic_prefix=args.prefix))
     cfg = load_config(TransportConfig, overrides=table)
     transport = open_transport(cfg)
     await transport.start()

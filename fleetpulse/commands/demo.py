@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fleetpulse.config import ConfigError, load_config
+from fleetpulse.config import ConfigError, load_config, transport_overrides
 
 __all__ = ["ENV_PREFIX", "register", "run"]
 
@@ -65,8 +65,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
                        ("fault_kinds", args.fault_kinds)):
         if value is not None:
             out[key] = value
-    if args.bootstrap:
-        out["transport"] = {"bootstrap": args.bootstrap}
+    if transport := transport_overrides(bootstrap=args.bootstrap):
+        out["transport"] = transport
     if args.quiet:
         out["progress_s"] = 0.0
     return out

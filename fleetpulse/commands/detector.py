@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleetpulse.config import ConfigError, load_config
+from fleetpulse.config import ConfigError, load_config, transport_overrides
 
 __all__ = ["register", "run"]
 
@@ -39,11 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    transport: dict[str, Any] = {}
-    if args.bootstrap:
-        transport["bootstrap"] = args.bootstrap
-    if args.prefix:
-        transport["topic_prefix"] = args.prefix
+    transport = transport_overrides(bootstrap=args.bootstrap, topic_prefix=args.prefix)
     if transport:
         out["transport"] = transport
     if args.state_dir:

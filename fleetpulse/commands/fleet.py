@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from agent.fleet.config import FleetConfig
-from fleetpulse.config import ConfigError, load_config
+from fleetpulse.config import ConfigError, load_config, transport_overrides
 
 __all__ = ["register", "run"]
 
@@ -75,13 +75,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
             out[key] = value
     if args.max_speed:
         out["realtime"] = False
-    transport: dict[str, Any] = {}
-    if args.bootstrap:
-        transport["bootstrap"] = args.bootstrap
-    if args.topic_prefix:
-        transport["topic_prefix"] = args.topic_prefix
-    if args.compression:
-        transport["compression"] = args.compression
+    transport = transport_overrides(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix,
+                                    compression=args.compression)
     if transport:
         out["transport"] = transport
     return out
