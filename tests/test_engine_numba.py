@@ -53,23 +53,68 @@ def tree_invariants(engine: NumbaEngine, m: int) -> None:
     np.testing.assert_array_equal(refs, st.refcnt[m])
 
 
-@pytest.mark.parametrize("levels", [0, 1, 3, 4])
-def test_cached_boxes_match_a_full_recomputation(levels: int) -> None:
+def subtree_slots(engine: NumbaEngine, m: int, t: int, node: int) -> list[int]:
+    """Sampler slots of the leaves under ``node`` of tree t."""
+    st = engine._state
+    slots, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if n >= 0:
+            stack += [int(st.left[m, t, n]), int(st.right[m, t, n])]
+        else:
+            slots.append(-n - 2)
+    return slots
+
+
+def cache_invariants(engine: NumbaEngine, m: int) -> int:
+    """Every cached box is exactly its node's box (the slot indices name leaves under it
+    that attain each minimum and maximum) and its mass is its leaf count; returns the
+    entries in use."""
+    st = engine._state
+    per_group = st.root.shape[1] // st.spid.shape[1]
+    dim = st.layout.dim
+    used = 0
+    for t in range(st.root.shape[1]):
+        spid = st.spid[m, t // per_group]
+        points = np.stack([st.arena[m, off : off + dim]
+                           for off in st.offset[m, np.maximum(spid, 0)].astype(np.int64)])
+        entries = {}
+        for n in range(st.cslot.shape[2]):
+            if st.cslot[m, t, n] != kernels.NO_ENTRY:
+                entries[int(st.cslot[m, t, n])] = n
+        assert len(entries) == int(np.count_nonzero(st.cmass[m, t]))
+        for c, n in entries.items():
+            slots = subtree_slots(engine, m, t, n)
+            assert int(st.root[m, t]) == n or n in st.left[m, t] or n in st.right[m, t]
+            assert int(st.cmass[m, t, c]) == len(slots)
+            box = st.cbox[m, t, c].astype(np.int64)
+            assert set(box.ravel().tolist()) <= set(slots)
+            pts = points[slots]
+            np.testing.assert_array_equal(points[box[0], np.arange(dim)], pts.min(axis=0))
+            np.testing.assert_array_equal(points[box[1], np.arange(dim)], pts.max(axis=0))
+        used += len(entries)
+    return used
+
+
+@pytest.mark.parametrize("entries", [0, 1, 4, 30])
+def test_cached_boxes_stay_exact(entries: int) -> None:
     cfg = EngineConfig(dims=3, shingle=3, trees=10, sample_size=32, seed=1)
-    engine = NumbaEngine(cfg, cache_levels=levels)
-    uncached = NumbaEngine(cfg, cache_levels=0)
+    engine = NumbaEngine(cfg, cache_entries=entries)
+    uncached = NumbaEngine(cfg, cache_entries=0)
     data = wavy(600, 3, 3, seed=1)
-    data[::37, :, 1] += 4.0  # outliers get inserted near the root: cached levels reshape
+    data[::37, :, 1] += 4.0  # outliers get inserted near the root: cached subtrees reshape
+    data[300:320, 1] = 1.0  # duplicates: leaves re-pointed to other sampler slots
     # The cache changes speed only: scores equal those of an engine without one.
     np.testing.assert_array_equal(feed(engine, data), feed(uncached, data))
     st = engine._state
-    assert st.box.shape[2] == 2**levels - 1
-    cached = st.box.copy()
+    assert st.cbox.shape[2] == entries
     for m in range(3):
-        kernels.rebuild_boxes(m, st.root, st.box, st.left, st.right, st.spid, st.offset,
-                              st.arena)
         tree_invariants(engine, m)
-    np.testing.assert_array_equal(cached, st.box)
+        used = cache_invariants(engine, m)
+        assert (used > 0) == (entries > 0)
+        kernels.rebuild_boxes(m, st.root, st.left, st.right, st.cslot, st.cbox, st.cmass,
+                              st.spid, st.offset, st.arena)
+        assert cache_invariants(engine, m) >= min(used, 1)
 
 
 def test_point_store_shares_shingles_and_compacts() -> None:

@@ -2,9 +2,10 @@
 
 One call advances every model named in it inside a single compiled kernel, so Python
 overhead is paid per frame, not per GPU. The algorithms are AWS RCF's (see
-``detector/engines/rcf/kernels.py``); the memory layout is what differs: no cached bounding
-boxes, narrow index types, a shingle-sharing point store, and optionally fewer independent
-reservoirs than trees (``EngineConfig.sample_groups``).
+``detector/engines/rcf/kernels.py``); the memory layout is what differs: bounding boxes
+cached only for the largest subtrees and as sample-slot indices, narrow index types, a
+shingle-sharing point store, and optionally fewer independent reservoirs than trees
+(``EngineConfig.sample_groups``).
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ class NumbaEngine(ForestEngine):
 
     name = "numba"
 
-    def __init__(self, config: EngineConfig, cache_levels: int | None = None) -> None:
-        """``cache_levels``: tree levels whose boxes are kept (0-4); None fills what the
-        256 KB per-model budget leaves (see ``rcf/state.py``)."""
+    def __init__(self, config: EngineConfig, cache_entries: int | None = None) -> None:
+        """``cache_entries``: bounding boxes kept per tree (for its largest subtrees); None
+        fills what the 256 KB per-model budget leaves (see ``rcf/state.py``)."""
         super().__init__(config)
-        self._state = ForestArrays(config, cache_levels)
+        self._state = ForestArrays(config, cache_entries)
 
     def ensure_models(self, n: int) -> None:
         self._state.ensure(n)

@@ -6,14 +6,15 @@ advances many models (all GPUs of a frame). The algorithms follow AWS's Java/Rus
 * Trees: internal nodes hold a cut (dimension, value, ``x[dim] <= value`` goes left) and two
   child codes; a child code >= 0 is an internal node, ``-(slot + 2)`` is a leaf that refers
   to a sampler slot, -1 is empty. Free internal nodes form a list threaded through ``left``.
-  Bounding boxes are not stored (they would be 2 x 4 x dims x shingle bytes per node, the
-  reason krcf needs MBs per model): a box is grown on the fly from the leaf upwards by
-  adding the sibling subtrees, and both scoring and insertion stop as soon as the box
-  contains the point (as AWS does), so an ordinary point touches few nodes.
+  Float bounding boxes for every node would be 2 x 4 x dims x shingle bytes per node (the
+  reason krcf needs MBs per model). Here a box is grown on the fly from the leaf upwards by
+  adding the sibling subtrees, except for the nodes with the largest subtrees, whose boxes
+  are cached compactly as sample-slot indices (see "Box cache" below); both scoring and
+  insertion stop as soon as the box contains the point (as AWS does).
 * Insertion is AWS's bottom-up form: descend by the cuts to a leaf, then walk up growing the
   box, drawing one random cut per level in box U {point}, and keep the highest cut that
   separates the point from the box. Deletion descends by the point and splices the parent
-  out (nothing to repair, since no box is cached).
+  out; cached ancestors whose box named the deleted slot are recomputed.
 * Sampler: time-decayed reservoir as AWS's CompactSampler: weight
   ``-(seq * lambda) + log(-log U)``, keep the ``sample_size`` smallest, accept everything
   while filling (then with AWS's decreasing initial-accept probability). A model has
@@ -47,13 +48,18 @@ META_NPOINTS = 7  # live point ids
 META_RNG = 8  # splitmix64 state (stored as int64 bits)
 META_FIELDS = 9
 
-# Bounding boxes of the internal nodes in the top levels of every tree are kept, addressed
-# by heap position (0 root, 1-2 its children, 3-6 grandchildren, ...): they are the nodes
-# whose boxes are the most expensive to grow on the fly (the largest subtrees). The number
-# of levels is the box array's (2**levels - 1 slots); ``slots`` scratch arrays have one
-# entry per cached level.
-_NO_NODE = -(1 << 30)
-
+# Box cache. Bounding boxes of the internal nodes with the largest subtrees (the ones that
+# are expensive to grow on the fly) are kept, exactly, as sample-slot indices: for each
+# dimension, the slot of the group's sample whose point attains the box's minimum and
+# maximum (a box's extremes are always attained by one of its leaves). That is 2 * D
+# bytes a box instead of 8 * D for floats, so four times as many boxes fit a model's budget.
+# Per tree: ``cslot[node]`` is the node's cache entry (_NONE if none); entry c holds
+# ``cbox[c, 0/1, d]`` (the lo/hi slot indices) and ``cmass[c]``, the number of leaves under
+# the node (0 marks a free entry). A node is cached once it has ``threshold`` leaves (and an
+# entry is free) and leaves the cache when it drops below 3/4 of that; the cache changes
+# speed only, never a score: every cached box is the exact box of its node.
+NO_ENTRY = 255
+_NONE = NO_ENTRY
 # Renormalise sampler weights when the decayed part grows past this (keeps float32 exact).
 _WEIGHT_RENORM = 64.0
 _INITIAL_ACCEPT_FRACTION = 0.125
@@ -82,10 +88,42 @@ def _grow_leaf(arena_m: np.ndarray, off: int, lo: np.ndarray, hi: np.ndarray, di
 
 
 @njit(cache=True)
+def cache_threshold(sample_size: int, entries: int) -> int:
+    """Leaves a subtree needs to be cached. A random tree of n leaves has about
+    ``2.4 n / k`` internal nodes with k or more leaves, so this about fills ``entries``
+    (and a root holding half the sample is always worth an entry)."""
+    if entries <= 0:
+        return 1 << 30
+    return max(2, min(int(2.4 * sample_size / entries + 0.5), sample_size // 2))
+
+
+@njit(cache=True, inline="always")
+def _grow_cached(c: int, cbox_t: np.ndarray, spid_g: np.ndarray, offset_m: np.ndarray,
+                 arena_m: np.ndarray, lo: np.ndarray, hi: np.ndarray, dim: int) -> None:
+    """Extend (lo, hi) by cached box c."""
+    for d in range(dim):
+        a = arena_m[offset_m[spid_g[cbox_t[c, 0, d]]] + d]
+        b = arena_m[offset_m[spid_g[cbox_t[c, 1, d]]] + d]
+        lo[d] = a if a < lo[d] else lo[d]
+        hi[d] = b if b > hi[d] else hi[d]
+
+
+@njit(cache=True, inline="always")
+def _read_cached(c: int, cbox_t: np.ndarray, spid_g: np.ndarray, offset_m: np.ndarray,
+                 arena_m: np.ndarray, lo: np.ndarray, hi: np.ndarray, dim: int) -> None:
+    """(lo, hi) := cached box c."""
+    for d in range(dim):
+        lo[d] = arena_m[offset_m[spid_g[cbox_t[c, 0, d]]] + d]
+        hi[d] = arena_m[offset_m[spid_g[cbox_t[c, 1, d]]] + d]
+
+
+@njit(cache=True)
 def _grow_subtree(
     node: int,
     left_t: np.ndarray,
     right_t: np.ndarray,
+    cslot_t: np.ndarray,
+    cbox_t: np.ndarray,
     spid_g: np.ndarray,
     offset_m: np.ndarray,
     arena_m: np.ndarray,
@@ -94,21 +132,103 @@ def _grow_subtree(
     stack: np.ndarray,
     dim: int,
 ) -> None:
-    """Extend the box (lo, hi) by every point under ``node``."""
-    if node < 0:
-        _grow_leaf(arena_m, offset_m[spid_g[-node - 2]], lo, hi, dim)
-        return
+    """Extend the box (lo, hi) by every point under ``node`` (cached subtrees in one step)."""
     top = 1
     stack[0] = node
     while top > 0:
         top -= 1
         n = stack[top]
         if n >= 0:
-            stack[top] = left_t[n]
-            stack[top + 1] = right_t[n]
-            top += 2
+            c = cslot_t[n]
+            if c != _NONE:
+                _grow_cached(c, cbox_t, spid_g, offset_m, arena_m, lo, hi, dim)
+            else:
+                stack[top] = left_t[n]
+                stack[top + 1] = right_t[n]
+                top += 2
         else:
             _grow_leaf(arena_m, offset_m[spid_g[-n - 2]], lo, hi, dim)
+
+
+@njit(cache=True)
+def _count_upto(node: int, limit: int, left_t: np.ndarray, right_t: np.ndarray,
+                cslot_t: np.ndarray, cmass_t: np.ndarray, stack: np.ndarray) -> int:
+    """Leaves under ``node``, counted until ``limit`` is reached."""
+    count = 0
+    top = 1
+    stack[0] = node
+    while top > 0 and count < limit:
+        top -= 1
+        n = stack[top]
+        if n >= 0:
+            c = cslot_t[n]
+            if c != _NONE:
+                count += cmass_t[c]
+            else:
+                stack[top] = left_t[n]
+                stack[top + 1] = right_t[n]
+                top += 2
+        else:
+            count += 1
+    return count
+
+
+@njit(cache=True)
+def _compute_entry(c: int, node: int, left_t: np.ndarray, right_t: np.ndarray,
+                   cslot_t: np.ndarray, cbox_t: np.ndarray, cmass_t: np.ndarray,
+                   spid_g: np.ndarray, offset_m: np.ndarray, arena_m: np.ndarray,
+                   stack: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+    """Recompute cache entry c as the box and leaf count of internal ``node`` (cached
+    entries below it must be up to date)."""
+    dim = lo.shape[0]
+    lo[:] = np.inf
+    hi[:] = -np.inf
+    mass = 0
+    top = 2
+    stack[0] = left_t[node]
+    stack[1] = right_t[node]
+    while top > 0:
+        top -= 1
+        n = stack[top]
+        if n >= 0:
+            k = cslot_t[n]
+            if k != _NONE:
+                mass += cmass_t[k]
+                for d in range(dim):
+                    for side in range(2):
+                        s = cbox_t[k, side, d]
+                        v = arena_m[offset_m[spid_g[s]] + d]
+                        if v < lo[d]:
+                            lo[d] = v
+                            cbox_t[c, 0, d] = s
+                        if v > hi[d]:
+                            hi[d] = v
+                            cbox_t[c, 1, d] = s
+            else:
+                stack[top] = left_t[n]
+                stack[top + 1] = right_t[n]
+                top += 2
+        else:
+            mass += 1
+            s = -n - 2
+            off = offset_m[spid_g[s]]
+            for d in range(dim):
+                v = arena_m[off + d]
+                if v < lo[d]:
+                    lo[d] = v
+                    cbox_t[c, 0, d] = s
+                if v > hi[d]:
+                    hi[d] = v
+                    cbox_t[c, 1, d] = s
+    cmass_t[c] = mass
+
+
+@njit(cache=True)
+def _free_entry(cmass_t: np.ndarray) -> int:
+    for c in range(cmass_t.shape[0]):
+        if cmass_t[c] == 0:
+            return c
+    return -1
 
 
 @njit(cache=True)
@@ -142,60 +262,52 @@ def _slot_mass(spid_g: np.ndarray, size: int, pid: int) -> int:
 
 
 @njit(cache=True)
-def _path_slots(path: np.ndarray, depth: int, leaf: int, left_t: np.ndarray,
-                slots: np.ndarray) -> None:
-    """Heap position of ``path[j]`` for the cached levels j < min(depth, len(slots))."""
-    pos = 0
-    for j in range(min(depth, slots.shape[0])):
-        slots[j] = pos
-        child = path[j + 1] if j + 1 < depth else leaf
-        pos = 2 * pos + 1 if left_t[path[j]] == child else 2 * pos + 2
-
-
-@njit(cache=True)
-def _compute_slot(slot: int, node: int, box_t: np.ndarray, left_t: np.ndarray,
-                  right_t: np.ndarray, spid_g: np.ndarray, offset_m: np.ndarray,
-                  arena_m: np.ndarray, stack: np.ndarray, dim: int) -> None:
-    """Recompute the cached box of internal ``node`` at heap position ``slot`` (children in
-    the cached levels must already be up to date)."""
-    lo = box_t[slot, 0]
-    hi = box_t[slot, 1]
-    lo[:] = np.inf
-    hi[:] = -np.inf
-    if 2 * slot + 1 >= box_t.shape[0]:
-        _grow_subtree(node, left_t, right_t, spid_g, offset_m, arena_m, lo, hi, stack, dim)
+def rebuild_tree_cache(root: int, left_t: np.ndarray, right_t: np.ndarray,
+                       cslot_t: np.ndarray, cbox_t: np.ndarray, cmass_t: np.ndarray,
+                       spid_g: np.ndarray, offset_m: np.ndarray, arena_m: np.ndarray,
+                       threshold: int, stack: np.ndarray, lo: np.ndarray,
+                       hi: np.ndarray) -> None:
+    """Fill one tree's cache from scratch: the largest subtrees first (breadth first from
+    the root), as many as have ``threshold`` leaves and fit."""
+    cslot_t[:] = _NONE
+    cmass_t[:] = 0
+    entries = cmass_t.shape[0]
+    if root < 0 or entries == 0:
         return
-    for k in range(2):
-        child = left_t[node] if k == 0 else right_t[node]
-        if child >= 0:
-            cs = 2 * slot + 1 + k
-            for d in range(dim):
-                lo[d] = min(lo[d], box_t[cs, 0, d])
-                hi[d] = max(hi[d], box_t[cs, 1, d])
-        else:
-            _grow_leaf(arena_m, offset_m[spid_g[-child - 2]], lo, hi, dim)
-
-
-@njit(cache=True)
-def rebuild_top(root: int, box_t: np.ndarray, left_t: np.ndarray, right_t: np.ndarray,
-                spid_g: np.ndarray, offset_m: np.ndarray, arena_m: np.ndarray,
-                stack: np.ndarray) -> None:
-    """Recompute every cached box of one tree (after its top levels changed shape)."""
-    dim = box_t.shape[2]
-    nslots = box_t.shape[0]
-    if nslots == 0:
-        return
-    nodes = np.full(nslots, _NO_NODE, dtype=np.int64)
-    nodes[0] = root
-    for slot in range(nslots // 2):
-        n = nodes[slot]
-        if n >= 0:
-            nodes[2 * slot + 1] = left_t[n]
-            nodes[2 * slot + 2] = right_t[n]
-    for slot in range(nslots - 1, -1, -1):
-        if nodes[slot] >= 0:
-            _compute_slot(slot, nodes[slot], box_t, left_t, right_t, spid_g, offset_m, arena_m,
-                          stack, dim)
+    nodes = left_t.shape[0]
+    mass = np.zeros(nodes, dtype=np.int64)
+    order = np.empty(nodes, dtype=np.int64)
+    # Breadth-first order; masses in reverse of it (children before parents).
+    order[0] = root
+    count = 1
+    k = 0
+    while k < count:
+        n = order[k]
+        k += 1
+        for child in (left_t[n], right_t[n]):
+            if child >= 0:
+                order[count] = child
+                count += 1
+    for k in range(count - 1, -1, -1):
+        n = order[k]
+        total = 0
+        for child in (left_t[n], right_t[n]):
+            total += mass[child] if child >= 0 else 1
+        mass[n] = total
+    chosen = np.empty(entries, dtype=np.int64)
+    used = 0
+    for k in range(count):
+        if used == entries:
+            break
+        n = order[k]
+        if mass[n] >= threshold:
+            cslot_t[n] = used
+            chosen[used] = n
+            cmass_t[used] = 1  # taken (set exactly below)
+            used += 1
+    for c in range(used - 1, -1, -1):
+        _compute_entry(c, chosen[c], left_t, right_t, cslot_t, cbox_t, cmass_t, spid_g,
+                       offset_m, arena_m, stack, lo, hi)
 
 
 @njit(cache=True)
@@ -206,14 +318,14 @@ def _score_tree(
     cut_val_t: np.ndarray,
     left_t: np.ndarray,
     right_t: np.ndarray,
-    box_t: np.ndarray,
+    cslot_t: np.ndarray,
+    cbox_t: np.ndarray,
     spid_g: np.ndarray,
     size: int,
     offset_m: np.ndarray,
     arena_m: np.ndarray,
     path: np.ndarray,
     stack: np.ndarray,
-    slots: np.ndarray,
     lo: np.ndarray,
     hi: np.ndarray,
     high: np.ndarray,
@@ -258,19 +370,19 @@ def _score_tree(
         for d in range(dim):
             vhigh[d] = vhigh[d] / total * score
             vlow[d] = vlow[d] / total * score
-    _path_slots(path, depth, leaf, left_t, slots)
     child = leaf
     for level in range(depth - 1, -1, -1):
         node = path[level]
-        if level < slots.shape[0]:
-            slot = slots[level]
-            for d in range(dim):
-                lo[d] = box_t[slot, 0, d]
-                hi[d] = box_t[slot, 1, d]
+        c = cslot_t[node]
+        if c != _NONE:
+            _read_cached(c, cbox_t, spid_g, offset_m, arena_m, lo, hi, dim)
         else:
             sibling = right_t[node] if left_t[node] == child else left_t[node]
-            _grow_subtree(sibling, left_t, right_t, spid_g, offset_m, arena_m, lo, hi, stack,
-                          dim)
+            if sibling < 0:
+                _grow_leaf(arena_m, offset_m[spid_g[-sibling - 2]], lo, hi, dim)
+            else:
+                _grow_subtree(sibling, left_t, right_t, cslot_t, cbox_t, spid_g, offset_m,
+                              arena_m, lo, hi, stack, dim)
         child = node
         gap = 0.0
         span = 0.0
@@ -340,20 +452,22 @@ def _insert_leaf(
     slot: int,
     t: int,
     m: int,
+    threshold: int,
     root: np.ndarray,
     free_head: np.ndarray,
     cut_dim_t: np.ndarray,
     cut_val_t: np.ndarray,
     left_t: np.ndarray,
     right_t: np.ndarray,
-    box_t: np.ndarray,
+    cslot_t: np.ndarray,
+    cbox_t: np.ndarray,
+    cmass_t: np.ndarray,
     spid_g: np.ndarray,
     offset_m: np.ndarray,
     arena_m: np.ndarray,
     meta: np.ndarray,
     path: np.ndarray,
     stack: np.ndarray,
-    slots: np.ndarray,
     lo: np.ndarray,
     hi: np.ndarray,
 ) -> None:
@@ -365,7 +479,6 @@ def _insert_leaf(
         root[m, t] = new_leaf
         return
     leaf, depth = _descend(q, r, cut_dim_t, cut_val_t, left_t, right_t, path)
-    _path_slots(path, depth, leaf, left_t, slots)
     off = offset_m[spid_g[-leaf - 2]]
     x = arena_m[off : off + dim]
     for d in range(dim):
@@ -393,15 +506,13 @@ def _insert_leaf(
         if contains or level < 0:
             break
         parent = path[level]
-        if level < slots.shape[0]:
-            slot = slots[level]
-            for d in range(dim):
-                lo[d] = box_t[slot, 0, d]
-                hi[d] = box_t[slot, 1, d]
+        c = cslot_t[parent]
+        if c != _NONE:
+            _read_cached(c, cbox_t, spid_g, offset_m, arena_m, lo, hi, dim)
         else:
             sibling = right_t[parent] if left_t[parent] == cur else left_t[parent]
-            _grow_subtree(sibling, left_t, right_t, spid_g, offset_m, arena_m, lo, hi, stack,
-                          dim)
+            _grow_subtree(sibling, left_t, right_t, cslot_t, cbox_t, spid_g, offset_m,
+                          arena_m, lo, hi, stack, dim)
         cur = parent
         level -= 1
     node = free_head[m, t]
@@ -422,16 +533,30 @@ def _insert_leaf(
             left_t[parent] = node
         else:
             right_t[parent] = node
-    if saved_level + 1 < slots.shape[0]:
-        # The new node sits in the cached levels: positions below it shifted.
-        rebuild_top(root[m, t], box_t, left_t, right_t, spid_g, offset_m, arena_m, stack)
-    else:
-        for level in range(slots.shape[0]):
-            blo = box_t[slots[level], 0]
-            bhi = box_t[slots[level], 1]
-            for d in range(dim):
-                blo[d] = min(blo[d], q[d])
-                bhi[d] = max(bhi[d], q[d])
+    if cmass_t.shape[0] == 0:
+        return
+    # Every cached ancestor of the new node gained the point.
+    candidate = node
+    for level in range(saved_level, -1, -1):
+        a = path[level]
+        c = cslot_t[a]
+        if c == _NONE:
+            candidate = a
+            continue
+        cmass_t[c] += 1
+        for d in range(dim):
+            if q[d] < arena_m[offset_m[spid_g[cbox_t[c, 0, d]]] + d]:
+                cbox_t[c, 0, d] = slot
+            if q[d] > arena_m[offset_m[spid_g[cbox_t[c, 1, d]]] + d]:
+                cbox_t[c, 1, d] = slot
+    # The highest uncached node on the way (the one with the most leaves) may have grown
+    # into the cache.
+    c = _free_entry(cmass_t)
+    if c >= 0 and _count_upto(candidate, threshold, left_t, right_t, cslot_t, cmass_t,
+                              stack) >= threshold:
+        cslot_t[candidate] = c
+        _compute_entry(c, candidate, left_t, right_t, cslot_t, cbox_t, cmass_t, spid_g,
+                       offset_m, arena_m, stack, lo, hi)
 
 
 @njit(cache=True)
@@ -441,22 +566,27 @@ def _delete_leaf(
     replacement: int,
     t: int,
     m: int,
+    threshold: int,
     root: np.ndarray,
     free_head: np.ndarray,
     cut_dim_t: np.ndarray,
     cut_val_t: np.ndarray,
     left_t: np.ndarray,
     right_t: np.ndarray,
-    box_t: np.ndarray,
+    cslot_t: np.ndarray,
+    cbox_t: np.ndarray,
+    cmass_t: np.ndarray,
     spid_g: np.ndarray,
     offset_m: np.ndarray,
     arena_m: np.ndarray,
     path: np.ndarray,
     stack: np.ndarray,
-    slots: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
 ) -> None:
     """Remove sampler slot ``slot`` (point ``y``) from tree t. If ``replacement`` >= 0 other
     slots still hold the same point: the leaf stays, re-pointed if it referred to ``slot``."""
+    dim = y.shape[0]
     leaf, depth = _descend(y, root[m, t], cut_dim_t, cut_val_t, left_t, right_t, path)
     if replacement >= 0:
         if leaf == -(slot + 2):
@@ -469,11 +599,18 @@ def _delete_leaf(
                     left_t[parent] = new_code
                 else:
                     right_t[parent] = new_code
+            # Cached boxes naming the slot name the same point under its new slot.
+            for level in range(depth):
+                c = cslot_t[path[level]]
+                if c != _NONE:
+                    for side in range(2):
+                        for d in range(dim):
+                            if cbox_t[c, side, d] == slot:
+                                cbox_t[c, side, d] = replacement
         return
     if depth == 0:
         root[m, t] = -1
         return
-    _path_slots(path, depth, leaf, left_t, slots)
     parent = path[depth - 1]
     sibling = right_t[parent] if left_t[parent] == leaf else left_t[parent]
     if depth == 1:
@@ -486,24 +623,31 @@ def _delete_leaf(
             right_t[grand] = sibling
     left_t[parent] = free_head[m, t]
     free_head[m, t] = parent
-    levels = slots.shape[0]
-    if levels == 0:
-        return
-    if depth - 1 < levels:
-        rebuild_top(root[m, t], box_t, left_t, right_t, spid_g, offset_m, arena_m, stack)
-        return
-    # The cached ancestors keep their places; their boxes shrink only if y was on the
-    # boundary of the deepest one (it lies inside all of them).
-    deepest = box_t[slots[levels - 1]]
-    on_edge = False
-    for d in range(y.shape[0]):
-        if y[d] == deepest[0, d] or y[d] == deepest[1, d]:
-            on_edge = True
-            break
-    if on_edge:
-        for level in range(levels - 1, -1, -1):
-            _compute_slot(slots[level], path[level], box_t, left_t, right_t, spid_g, offset_m,
-                          arena_m, stack, y.shape[0])
+    c = cslot_t[parent]
+    if c != _NONE:
+        cslot_t[parent] = _NONE
+        cmass_t[c] = 0
+    # Cached ancestors lost a leaf: leave the cache when small, else recompute the box if
+    # the deleted slot was one of its extremes (deepest first: parents build on children).
+    keep_above = threshold - threshold // 4
+    for level in range(depth - 2, -1, -1):
+        a = path[level]
+        c = cslot_t[a]
+        if c == _NONE:
+            continue
+        cmass_t[c] -= 1
+        if cmass_t[c] < keep_above:
+            cslot_t[a] = _NONE
+            cmass_t[c] = 0
+            continue
+        named = False
+        for side in range(2):
+            for d in range(dim):
+                if cbox_t[c, side, d] == slot:
+                    named = True
+        if named:
+            _compute_entry(c, a, left_t, right_t, cslot_t, cbox_t, cmass_t, spid_g, offset_m,
+                           arena_m, stack, lo, hi)
 
 
 @njit(cache=True)
@@ -613,13 +757,15 @@ def _learn(
     cut_val: np.ndarray,
     left: np.ndarray,
     right: np.ndarray,
-    box: np.ndarray,
+    cslot: np.ndarray,
+    cbox: np.ndarray,
+    cmass: np.ndarray,
+    threshold: int,
     arena: np.ndarray,
     offset: np.ndarray,
     refcnt: np.ndarray,
     path: np.ndarray,
     stack: np.ndarray,
-    slots: np.ndarray,
     lo: np.ndarray,
     hi: np.ndarray,
     ybuf: np.ndarray,
@@ -675,9 +821,10 @@ def _learn(
             for d in range(dim):
                 ybuf[d] = arena_m[old_off + d]
             for t in range(t0, t0 + per_group):
-                _delete_leaf(ybuf, slot, replacement, t, m, root, free_head, cut_dim[m, t],
-                             cut_val[m, t], left[m, t], right[m, t], box[m, t], spid_g,
-                             offset_m, arena_m, path, stack, slots)
+                _delete_leaf(ybuf, slot, replacement, t, m, threshold, root, free_head,
+                             cut_dim[m, t], cut_val[m, t], left[m, t], right[m, t],
+                             cslot[m, t], cbox[m, t], cmass[m, t], spid_g, offset_m, arena_m,
+                             path, stack, lo, hi)
             spid_g[slot] = -1
             _release_point(old_pid, m, offset, refcnt, meta)
         # Duplicate of a point already in this group's sample? (All its trees agree.)
@@ -705,15 +852,16 @@ def _learn(
         refcnt[m, pid] += 1
         if dup_pid < 0:
             for t in range(t0, t0 + per_group):
-                _insert_leaf(q, slot, t, m, root, free_head, cut_dim[m, t], cut_val[m, t],
-                             left[m, t], right[m, t], box[m, t], spid_g, offset_m, arena_m,
-                             meta, path, stack, slots, lo, hi)
+                _insert_leaf(q, slot, t, m, threshold, root, free_head, cut_dim[m, t],
+                             cut_val[m, t], left[m, t], right[m, t], cslot[m, t], cbox[m, t],
+                             cmass[m, t], spid_g, offset_m, arena_m, meta, path, stack, lo, hi)
     meta[m, META_SEQ] = seq + 1
 
 
 @njit(cache=True)
 def _stream_in(cut_dim_m: np.ndarray, cut_val_m: np.ndarray, left_m: np.ndarray,
-               right_m: np.ndarray, box_m: np.ndarray, arena_m: np.ndarray, end: int) -> float:
+               right_m: np.ndarray, cslot_m: np.ndarray, cbox_m: np.ndarray,
+               arena_m: np.ndarray, end: int) -> float:
     """Read one value per cache line of model m's trees, boxes and points, in order.
 
     Scoring visits these in pointer-chasing order; with thousands of models they are not in
@@ -723,9 +871,12 @@ def _stream_in(cut_dim_m: np.ndarray, cut_val_m: np.ndarray, left_m: np.ndarray,
     flat = cut_val_m.reshape(-1)
     for k in range(0, flat.shape[0], 16):
         acc += flat[k]
-    fb = box_m.reshape(-1)
-    for k in range(0, fb.shape[0], 16):
+    fb = cbox_m.reshape(-1)
+    for k in range(0, fb.shape[0], 64):
         acc += fb[k]
+    fs = cslot_m.reshape(-1)
+    for k in range(0, fs.shape[0], 64):
+        acc += fs[k]
     for k in range(0, end, 16):
         acc += arena_m[k]
     fl = left_m.reshape(-1)
@@ -741,9 +892,9 @@ def _stream_in(cut_dim_m: np.ndarray, cut_val_m: np.ndarray, left_m: np.ndarray,
 @njit(cache=True)
 def _score_forest(
     q: np.ndarray, m: int, attribute: bool, root: np.ndarray, cut_dim: np.ndarray,
-    cut_val: np.ndarray, left: np.ndarray, right: np.ndarray, box: np.ndarray,
-    spid: np.ndarray, ssize: np.ndarray, offset: np.ndarray, arena: np.ndarray,
-    path: np.ndarray, stack: np.ndarray, slots: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+    cut_val: np.ndarray, left: np.ndarray, right: np.ndarray, cslot: np.ndarray,
+    cbox: np.ndarray, spid: np.ndarray, ssize: np.ndarray, offset: np.ndarray,
+    arena: np.ndarray, path: np.ndarray, stack: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     ghigh: np.ndarray, glow: np.ndarray, vhigh: np.ndarray, vlow: np.ndarray,
     high_i: np.ndarray, low_i: np.ndarray,
 ) -> float:
@@ -766,7 +917,7 @@ def _score_forest(
         for t in range(g * per_group, (g + 1) * per_group):
             group_total += _score_tree(
                 q, root[m, t], cut_dim[m, t], cut_val[m, t], left[m, t], right[m, t],
-                box[m, t], spid_g, size, offset[m], arena[m], path, stack, slots, lo, hi,
+                cslot[m, t], cbox[m, t], spid_g, size, offset[m], arena[m], path, stack, lo, hi,
                 ghigh, glow, vhigh, vlow, attribute,
             )
         total += group_total * norm
@@ -797,7 +948,9 @@ def advance(
     cut_val: np.ndarray,
     left: np.ndarray,
     right: np.ndarray,
-    box: np.ndarray,
+    cslot: np.ndarray,
+    cbox: np.ndarray,
+    cmass: np.ndarray,
     arena: np.ndarray,
     offset: np.ndarray,
     refcnt: np.ndarray,
@@ -820,10 +973,7 @@ def advance(
     lo = np.empty(dim, dtype=np.float32)
     hi = np.empty(dim, dtype=np.float32)
     ybuf = np.empty(dim, dtype=np.float32)
-    levels = 0
-    while (1 << (levels + 1)) - 1 <= box.shape[2]:
-        levels += 1
-    slots = np.empty(levels, dtype=np.int64)
+    threshold = cache_threshold(capacity, cmass.shape[2])
     vhigh = np.empty(dim)
     vlow = np.empty(dim)
     ghigh = np.empty(dim)
@@ -842,16 +992,16 @@ def advance(
             low[i, d] = 0.0
         full = steps + 1 >= shingle
         if full and meta[m, META_SEQ] >= output_after and meta[m, META_SEQ] > 0:
-            sink += _stream_in(cut_dim[m], cut_val[m], left[m], right[m], box[m], arena[m],
-                               meta[m, META_ARENA_END])
+            sink += _stream_in(cut_dim[m], cut_val[m], left[m], right[m], cslot[m], cbox[m],
+                               arena[m], meta[m, META_ARENA_END])
             # Score first without attribution; only a row above its limit (an anomaly,
             # rare) takes the second pass that also fills the DiVector.
-            scores[i] = _score_forest(q, m, False, root, cut_dim, cut_val, left, right, box,
-                                      spid, ssize, offset, arena, path, stack, slots, lo, hi,
+            scores[i] = _score_forest(q, m, False, root, cut_dim, cut_val, left, right, cslot,
+                                      cbox, spid, ssize, offset, arena, path, stack, lo, hi,
                                       ghigh, glow, vhigh, vlow, high[i], low[i])
             if scores[i] > attribute_above[i]:
-                _score_forest(q, m, True, root, cut_dim, cut_val, left, right, box, spid,
-                              ssize, offset, arena, path, stack, slots, lo, hi, ghigh, glow,
+                _score_forest(q, m, True, root, cut_dim, cut_val, left, right, cslot, cbox,
+                              spid, ssize, offset, arena, path, stack, lo, hi, ghigh, glow,
                               vhigh, vlow, high[i], low[i])
         if learn:
             for d in range(dim):
@@ -859,20 +1009,25 @@ def advance(
             meta[m, META_STEPS] = steps + 1
             if full:
                 _learn(q, dims, m, decay, meta, weight, spid, ssize, heavy, root, free_head,
-                       cut_dim, cut_val, left, right, box, arena, offset, refcnt, path, stack,
-                       slots, lo, hi, ybuf)
+                       cut_dim, cut_val, left, right, cslot, cbox, cmass, threshold, arena,
+                       offset, refcnt, path, stack, lo, hi, ybuf)
     return sink
 
 
 @njit(cache=True)
-def rebuild_boxes(m: int, root: np.ndarray, box: np.ndarray, left: np.ndarray,
-                  right: np.ndarray, spid: np.ndarray, offset: np.ndarray,
-                  arena: np.ndarray) -> None:
-    """Recompute model m's cached boxes (they are not checkpointed: derived state)."""
+def rebuild_boxes(m: int, root: np.ndarray, left: np.ndarray, right: np.ndarray,
+                  cslot: np.ndarray, cbox: np.ndarray, cmass: np.ndarray, spid: np.ndarray,
+                  offset: np.ndarray, arena: np.ndarray) -> None:
+    """Refill model m's box cache (derived state: not checkpointed)."""
     trees = root.shape[1]
     per_group = trees // spid.shape[1]
-    stack = np.empty(2 * spid.shape[2] + 4, dtype=np.int64)
+    capacity = spid.shape[2]
+    dim = cbox.shape[4]
+    threshold = cache_threshold(capacity, cmass.shape[2])
+    stack = np.empty(2 * capacity + 4, dtype=np.int64)
+    lo = np.empty(dim, dtype=np.float32)
+    hi = np.empty(dim, dtype=np.float32)
     for t in range(trees):
-        if root[m, t] >= 0:
-            rebuild_top(root[m, t], box[m, t], left[m, t], right[m, t],
-                        spid[m, t // per_group], offset[m], arena[m], stack)
+        rebuild_tree_cache(root[m, t], left[m, t], right[m, t], cslot[m, t], cbox[m, t],
+                           cmass[m, t], spid[m, t // per_group], offset[m], arena[m],
+                           threshold, stack, lo, hi)

@@ -13,8 +13,8 @@ Checkpoint layout of one model (little-endian), version 1::
     u32 x 7  dims, shingle, trees, sample_size, groups, point ids, arena floats stored
     u32      CRC-32 of everything after the header (a damaged file is refused, never run)
     then the arrays of ``_FIELDS`` in order, each exactly the model's slice, except the
-    arena, which is compacted first and stored up to its end. The cached top-level boxes
-    are derived state: not stored, recomputed on restore.
+    arena, which is compacted first and stored up to its end. The box cache (see
+    ``kernels``) is derived state: not stored, refilled on restore.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ _DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.uint16): 2, np.dtype(np.int16
 # Per-model arrays in checkpoint order (the arena is handled separately).
 _FIELDS = ("meta", "shingle_buf", "weight", "spid", "ssize", "heavy", "root", "free_head",
            "cut_dim", "cut_val", "left", "right", "offset", "refcnt")
+# The box cache: derived from the fields above, never checkpointed.
+_CACHE = ("cslot", "cbox", "cmass")
 
 
 @dataclass
@@ -49,6 +51,7 @@ class _Layout:
     cut_dim: np.dtype
     child: np.dtype
     pid: np.dtype
+    box_index: np.dtype
 
 
 DEFAULT_SAMPLE_GROUPS = 2
@@ -60,9 +63,10 @@ seed gives 0.919."""
 
 MODEL_BUDGET_BYTES = 256 * 1024
 """Memory per model the box cache may fill up to (issue 8's target)."""
-MAX_CACHE_LEVELS = 4
-FALLBACK_CACHE_LEVELS = 3
-"""Levels cached when the model exceeds the budget even without a cache (then speed wins)."""
+MAX_CACHE_ENTRIES = 254
+FALLBACK_CACHE_ENTRIES = 16
+"""Cached boxes per tree when the model exceeds the budget even without a cache (then
+speed wins)."""
 
 
 def _layout(config: EngineConfig) -> _Layout:
@@ -78,13 +82,14 @@ def _layout(config: EngineConfig) -> _Layout:
         cut_dim=np.dtype(np.uint8 if dim <= 256 else np.uint16),
         child=np.dtype(np.int16 if 2 * config.sample_size + 4 < 2**15 else np.int32),
         pid=np.dtype(np.int16 if pids < 2**15 else np.int32),
+        box_index=np.dtype(np.uint8 if config.sample_size <= 256 else np.uint16),
     )
 
 
 class ForestArrays:
     """State of ``models`` forests; grows by doubling along the model axis."""
 
-    # One array per field of _FIELDS (plus the cached boxes and the arena), model axis first.
+    # One array per field of _FIELDS (plus the box cache and the arena), model axis first.
     meta: npt.NDArray[np.int64]
     shingle_buf: npt.NDArray[np.float32]
     weight: npt.NDArray[np.float32]
@@ -97,36 +102,40 @@ class ForestArrays:
     cut_val: npt.NDArray[np.float32]
     left: npt.NDArray[np.integer]
     right: npt.NDArray[np.integer]
-    box: npt.NDArray[np.float32]
+    cslot: npt.NDArray[np.uint8]
+    cbox: npt.NDArray[np.integer]
+    cmass: npt.NDArray[np.uint16]
     offset: npt.NDArray[np.int32]
     refcnt: npt.NDArray[np.int32]
     arena: npt.NDArray[np.float32]
 
-    def __init__(self, config: EngineConfig, cache_levels: int | None = None) -> None:
+    def __init__(self, config: EngineConfig, cache_entries: int | None = None) -> None:
         self.config = config
         self.layout = _layout(config)
         lay = self.layout
         # Start the arena at room for a few samples' worth of distinct points; it grows
         # (for all models) when any model's live points need more.
         self.arena_cap = lay.dim * min(lay.pids, 2 * config.sample_size + 2)
-        self.cache_levels = 0
-        if cache_levels is None:
-            cache_levels = self._budget_levels()
-        if not 0 <= cache_levels <= MAX_CACHE_LEVELS:
-            raise ValueError(f"cache_levels must be 0..{MAX_CACHE_LEVELS}, got {cache_levels}")
-        self.cache_levels = cache_levels
+        self.cache_entries = 0
+        if cache_entries is None:
+            cache_entries = self._budget_entries()
+        if not 0 <= cache_entries <= MAX_CACHE_ENTRIES:
+            raise ValueError(f"cache_entries must be 0..{MAX_CACHE_ENTRIES}, "
+                             f"got {cache_entries}")
+        self.cache_entries = cache_entries
         self.models = 0
         self._alloc(0)
 
-    def _budget_levels(self) -> int:
-        """The most cached levels that keep a model within MODEL_BUDGET_BYTES, counting the
-        arena at the size it may grow to."""
+    def _budget_entries(self) -> int:
+        """The most cached boxes per tree that keep a model within MODEL_BUDGET_BYTES,
+        counting the arena at the size it may grow to."""
         grown_arena = (self.layout.pids + 1) * self.layout.dim * 4
-        for levels in range(MAX_CACHE_LEVELS, -1, -1):
-            self.cache_levels = levels
-            if self.model_bytes() - self.arena_cap * 4 + grown_arena <= MODEL_BUDGET_BYTES:
-                return levels
-        return FALLBACK_CACHE_LEVELS
+        self.cache_entries = 0
+        spare = MODEL_BUDGET_BYTES - (self.model_bytes() - self.arena_cap * 4 + grown_arena)
+        per_entry = self.config.trees * (2 * self.layout.dim * self.layout.box_index.itemsize
+                                         + 2)
+        entries = min(spare // per_entry, MAX_CACHE_ENTRIES)
+        return int(entries) if entries > 0 else FALLBACK_CACHE_ENTRIES
 
     # -- allocation ---------------------------------------------------------------------
     def _shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -145,7 +154,9 @@ class ForestArrays:
             "cut_val": ((t, s - 1), np.dtype(np.float32)),
             "left": ((t, s - 1), lay.child),
             "right": ((t, s - 1), lay.child),
-            "box": ((t, 2**self.cache_levels - 1, 2, lay.dim), np.dtype(np.float32)),
+            "cslot": ((t, s - 1), np.dtype(np.uint8)),
+            "cbox": ((t, self.cache_entries, 2, lay.dim), lay.box_index),
+            "cmass": ((t, self.cache_entries), np.dtype(np.uint16)),
             "offset": ((lay.pids,), np.dtype(np.int32)),
             "refcnt": ((lay.pids,), np.dtype(np.int32)),
         }
@@ -161,7 +172,7 @@ class ForestArrays:
         if n <= self.models:
             return
         if n > self.capacity:
-            old = {name: getattr(self, name) for name in (*_FIELDS, "box", "arena")}
+            old = {name: getattr(self, name) for name in (*_FIELDS, *_CACHE, "arena")}
             self._alloc(max(n, 2 * self.capacity, 8))
             for name, array in old.items():
                 getattr(self, name)[: self.models] = array[: self.models]
@@ -191,7 +202,9 @@ class ForestArrays:
         chain[-1] = -1
         self.left[m] = chain.astype(self.layout.child)
         self.right[m] = -1
-        self.box[m] = 0.0
+        self.cslot[m] = kernels.NO_ENTRY
+        self.cbox[m] = 0
+        self.cmass[m] = 0
         pid_chain = np.arange(1, self.layout.pids + 1, dtype=np.int32)
         pid_chain[-1] = -1
         self.offset[m] = pid_chain
@@ -217,7 +230,7 @@ class ForestArrays:
         """The state arrays in the order ``kernels.advance`` takes them."""
         return (self.meta, self.shingle_buf, self.weight, self.spid, self.ssize, self.heavy,
                 self.root, self.free_head, self.cut_dim, self.cut_val, self.left, self.right,
-                self.box, self.arena, self.offset, self.refcnt)
+                self.cslot, self.cbox, self.cmass, self.arena, self.offset, self.refcnt)
 
     def model_bytes(self) -> int:
         """Bytes one model holds in these arrays (its arena row at full capacity)."""
@@ -294,8 +307,8 @@ class ForestArrays:
             getattr(self, name)[m] = array
         self.arena[m] = 0.0
         self.arena[m, :arena_floats] = arena
-        kernels.rebuild_boxes(m, self.root, self.box, self.left, self.right, self.spid,
-                              self.offset, self.arena)
+        kernels.rebuild_boxes(m, self.root, self.left, self.right, self.cslot, self.cbox,
+                              self.cmass, self.spid, self.offset, self.arena)
 
 
 def _check_ranges(arrays: dict[str, npt.NDArray], config: EngineConfig, lay: _Layout,
