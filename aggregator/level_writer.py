@@ -25,7 +25,8 @@ from aggregator.series_layout import (
 )
 from aggregator.store import SeriesStore
 
-__all__ = ["AGG_STACK", "GroupSpec", "LevelArrays", "build_groups", "write_groups"]
+__all__ = ["AGG_STACK", "GroupSpec", "LevelArrays", "append_groups", "build_groups", "group_values",
+           "write_groups"]
 
 AGG_STACK: Final = ("count", "sum", "min", "max", "last", "sumsq", "increase")
 """Order of :meth:`LevelArrays.stack` (and of schemas.rollup.AGG_ROWS)."""
@@ -105,16 +106,28 @@ def build_groups(groups: Sequence[tuple[I64, I64, I64]]) -> GroupSpec:
     return GroupSpec(cat(sids), cat(aggs), cat(ents), cat(cols), np.asarray(bounds, np.int64))
 
 
+def group_values(spec: GroupSpec, arrays: LevelArrays) -> F64:
+    """Every series' value of one window, in ``spec.sids`` order; NaN where not sampled."""
+    vals = arrays.stack()[spec.agg_idx, spec.ent_idx, spec.col_idx]
+    vals[arrays.cnt[spec.ent_idx, spec.col_idx] == 0] = np.nan
+    return vals
+
+
+def append_groups(store: SeriesStore, tier: str, start: int, sids: I64, bounds: I64,
+                  vals: F64) -> None:
+    """One point at ``start`` per series, one store append per group ``[bounds[g], bounds[g+1])``."""
+    ts = np.asarray([start], np.int64)
+    for g in range(bounds.size - 1):
+        a, b = int(bounds[g]), int(bounds[g + 1])
+        if b > a:
+            store.append(tier, sids[a:b], ts, vals[None, a:b])
+
+
 def write_groups(store: SeriesStore, tier: str, start: int, spec: GroupSpec,
                  arrays: LevelArrays) -> int:
     """Append one window of every group; series without samples are NaN. Returns values."""
     if spec.sids.size == 0:
         return 0
-    vals = arrays.stack()[spec.agg_idx, spec.ent_idx, spec.col_idx]
-    vals[arrays.cnt[spec.ent_idx, spec.col_idx] == 0] = np.nan
-    ts = np.asarray([start], np.int64)
-    b = spec.bounds
-    for g in range(spec.n_groups):
-        if b[g + 1] > b[g]:
-            store.append(tier, spec.sids[b[g]:b[g + 1]], ts, vals[None, b[g]:b[g + 1]])
+    vals = group_values(spec, arrays)
+    append_groups(store, tier, start, spec.sids, spec.bounds, vals)
     return int(vals.size)

@@ -22,6 +22,7 @@ the tier below (:mod:`aggregator.tiers`).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -30,12 +31,18 @@ import numpy.typing as npt
 
 from aggregator.checkpoint import PartitionCheckpoint
 from aggregator.dedup import SeqDeduper
-from aggregator.level_writer import GroupSpec, LevelArrays, build_groups, write_groups
+from aggregator.level_writer import (
+    GroupSpec,
+    LevelArrays,
+    append_groups,
+    build_groups,
+    group_values,
+)
 from aggregator.series_index import EntityIndex
 from aggregator.series_layout import AGG_CODES, AGG_SLOTS, ENTITY_STRIDE, KIND_OF_COLUMN, N_COLUMNS
 from aggregator.sketch import N_SLOTS, RELATIVE_ACCURACY
 from aggregator.store import SeriesStore
-from aggregator.tiers import derive_tiers
+from aggregator.tier_chain import FlatLayout, SketchBlock, TierChain
 from aggregator.topology import Topology
 from aggregator.window_kernel import accumulate, apply_counter_boundary, reduce_rows
 from fleetpulse.transport.base import Message
@@ -48,6 +55,9 @@ __all__ = ["BASE_TIER", "RackStage", "StageStats"]
 
 BASE_TIER: Final = "10s"
 WINDOW_MS: Final = 10_000
+SEED_BUDGET_S: Final = 0.05
+"""Time per batch for coarse tiers catching up from the store after an assignment: bounded
+so that a restart at fleet scale never stalls the consumer (see aggregator.tier_chain)."""
 _NEG_INF: Final = -(1 << 62)
 _GAUGE = np.asarray([k is Kind.GAUGE for k in KIND_OF_COLUMN], bool)
 _COUNTER = np.asarray([k is Kind.COUNTER for k in KIND_OF_COLUMN], bool)
@@ -79,6 +89,8 @@ class _Part:
     dedup: SeqDeduper = field(default_factory=SeqDeduper)
     done: dict[str, int] = field(default_factory=dict)
     pending_counters: dict[str, dict[str, float]] = field(default_factory=dict)
+    chain: TierChain | None = None
+    """The coarse tiers' running windows; made at the first close after assignment."""
 
     @property
     def resume(self) -> int:
@@ -151,7 +163,7 @@ class RackStage:
         self._raw_sids: dict[tuple[bytes, bytes], I64] = {}
         self._noted: set[tuple[bytes, bytes]] = set()
         self._groups: dict[int, tuple[int, list[GroupSpec], I64]] = {}
-        self._by_reducer: dict[int, tuple[int, dict[str, I64]]] = {}
+        self._flat: dict[int, FlatLayout] = {}
 
     # ------------------------------------------------------------- partitions
     def assign(self, partition: int, ckpt: PartitionCheckpoint | None) -> int:
@@ -264,7 +276,17 @@ class RackStage:
         rollups: list[RollupFrame] = []
         for p in sorted(touched):
             rollups.extend(self._close_due(p))
+        self._seed(time.perf_counter() + SEED_BUDGET_S)
         return dead, rollups
+
+    def _seed(self, deadline: float) -> None:
+        """Let coarse tiers that are reading back windows from the store advance a little."""
+        for p in sorted(self.parts):
+            chain = self.parts[p].chain
+            if chain is not None and chain.seeding:
+                chain.work(deadline)
+                if time.perf_counter() > deadline:
+                    return
 
     def _write_raw(self, metric_ids: np.ndarray, gslots: np.ndarray, ts: np.ndarray,
                    values: np.ndarray, cols: np.ndarray) -> None:
@@ -344,19 +366,14 @@ class RackStage:
         self._groups[partition] = (self.topo.version, specs, sk)
         return specs, sk
 
-    def _reducer_sids(self, partition: int) -> dict[str, I64]:
-        """The partition's stored series by the reducer that derives coarser tiers (cached)."""
-        hit = self._by_reducer.get(partition)
-        if hit is not None and hit[0] == self.topo.version:
-            return hit[1]
-        specs, _ = self._layout_groups(partition)
-        acc: dict[str, list[I64]] = {}
-        for spec in specs:
-            for red, arrs in spec.by_reducer().items():
-                acc.setdefault(red, []).extend(arrs)
-        out = {r: np.concatenate(a) for r, a in acc.items()}
-        self._by_reducer[partition] = (self.topo.version, out)
-        return out
+    def _flat_layout(self, partition: int) -> FlatLayout:
+        """The partition's groups as one flat series list (cached per topology version)."""
+        hit = self._flat.get(partition)
+        if hit is not None and hit.version == self.topo.version:
+            return hit
+        specs, sketch = self._layout_groups(partition)
+        flat = self._flat[partition] = FlatLayout.from_specs(self.topo.version, specs, sketch)
+        return flat
 
     def _restore_counters(self, part: _Part, partition: int) -> None:
         """Checkpointed counter state -> closed_last rows (after the layout is known)."""
@@ -381,16 +398,16 @@ class RackStage:
             grown[: self.closed_last.shape[0]] = self.closed_last
             self.closed_last = grown
         self._restore_counters(part, partition)
+        if part.chain is None:
+            part.chain = TierChain(self.store, part.done,
+                                   lambda: self._flat_layout(partition))
         for start in due:
+            part.done.setdefault("base", start)
             out.extend(self._close(partition, part, start))
             del part.open[start]
             if not any(start in p.open for p in self.parts.values()):
                 self.pool.release(start)
             self.stats.windows_closed += 1
-            part.done.setdefault("base", start)
-        _, sketch = self._layout_groups(partition)
-        derive_tiers(self.store, lambda: self._reducer_sids(partition), sketch, part.done,
-                     due[-1] + WINDOW_MS)
         return out
 
     def _close(self, partition: int, part: _Part, start: int) -> list[RollupFrame]:
@@ -414,20 +431,22 @@ class RackStage:
                                         node.sum, node.min, node.max, node.last, node.last_ts,
                                         node.sumsq, node.inc))
         specs, _ = self._layout_groups(partition)
-        for spec, arrays in zip(specs, (gpu, node, rack), strict=True):
-            write_groups(self.store, BASE_TIER, start, spec, arrays)
+        flat = self._flat_layout(partition)
+        values = np.concatenate([group_values(spec, arrays)
+                                 for spec, arrays in zip(specs, (gpu, node, rack), strict=True)])
+        append_groups(self.store, BASE_TIER, start, flat.sids, flat.bounds, values)
         sketches = self._sketches(s, lay.rack_slots)
+        sk_blocks: list[SketchBlock] = []
         frames = []
         for ri, r in enumerate(lay.rack_slots.tolist()):
             cols = np.flatnonzero(self.topo.rack_metrics[r])
             entry = sketches.get(r)
             sk_cols, sk_slot, sk_cnt = entry if entry else (np.zeros(0, np.int64),) * 3
             eid = int(lay.rack_eids[ri])
-            for c in np.unique(sk_cols).tolist():
-                sel = sk_cols == c
-                sid = eid * ENTITY_STRIDE + c * AGG_SLOTS + AGG_CODES["sketch"]
-                self.store.append(BASE_TIER, np.asarray([sid]), start + sk_slot[sel],
-                                  sk_cnt[sel][:, None])
+            if sk_cols.size:
+                sk_blocks.append(SketchBlock(
+                    eid * ENTITY_STRIDE + sk_cols * AGG_SLOTS + AGG_CODES["sketch"],
+                    sk_slot, sk_cnt.astype(np.float64)))
             colpos = np.searchsorted(cols, sk_cols)
             _, cl_, rw, rk, _, _ = lay.rack_keys[ri]
             frames.append(RollupFrame(
@@ -438,6 +457,10 @@ class RackStage:
                           rack.inc[ri, cols]]),
                 N_SLOTS, colpos.astype(np.int32), sk_slot.astype(np.int32),
                 sk_cnt.astype(np.float64)))
+        sketch = SketchBlock.merge(sk_blocks)
+        sketch.write(self.store, BASE_TIER, start)
+        assert part.chain is not None
+        part.chain.feed(start, flat, values, sketch)
         return frames
 
     def _sketches(self, pool_slot: int, racks: I64) -> dict[int, tuple[I64, I64, I64]]:

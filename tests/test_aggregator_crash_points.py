@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_aggregator_support import make_fleet
+from test_aggregator_support import T0, make_fleet
 
 from aggregator.checkpoint import load_checkpoint, save_checkpoint
 from aggregator.rack_stage import RackStage
@@ -37,6 +37,15 @@ CYCLE = 3
 """A durability cycle after every CYCLE batches, as the service does every commit interval."""
 
 
+def _renumber(order: list[Message]) -> list[Message]:
+    out, nxt = [], {}
+    for m in order:
+        off = nxt.get(m.partition, 0)
+        nxt[m.partition] = off + 1
+        out.append(Message(TOPIC, m.partition, off, m.key, m.value, m.timestamp_ms))
+    return out
+
+
 def _messages() -> list[Message]:
     """The fleet's frames plus redeliveries, renumbered into per-partition offsets."""
     fl = make_fleet(n_racks=3, seconds=80, ticks_per_frame=3, partitions=2)
@@ -47,12 +56,22 @@ def _messages() -> list[Message]:
             order.append(fl.messages[i - 4])  # a near redelivery
         if i % 37 == 36:
             order.append(fl.messages[i - 30])  # a far one (the original's window is closed)
-    out, nxt = [], {}
-    for m in order:
-        off = nxt.get(m.partition, 0)
-        nxt[m.partition] = off + 1
-        out.append(Message(TOPIC, m.partition, off, m.key, m.value, m.timestamp_ms))
-    return out
+    return _renumber(order)
+
+
+HOUR = 3_600_000
+LONG_START = (T0 // HOUR + 1) * HOUR - 40 * 60_000
+"""The long fleet starts 40 minutes before an hour boundary and runs 75 minutes."""
+GAP = (LONG_START + 20 * 60_000 + 30_000, LONG_START + 23 * 60_000)
+"""No data in this range: the 1 min windows around it close late or not at all."""
+
+
+def _long_messages() -> list[Message]:
+    """75 minutes across an hour boundary, with a 2.5-minute silence, for the coarse tiers."""
+    fl = make_fleet(n_racks=2, nodes_per_rack=1, gpus=2, seconds=75 * 60, ticks_per_frame=10,
+                    partitions=2, start_ms=LONG_START)
+    return _renumber([m for m in fl.messages
+                      if not GAP[0] <= m.timestamp_ms < GAP[1]])
 
 
 class _Crash(Exception):
@@ -144,13 +163,13 @@ def _run(root: Path, state: Path, msgs: list[Message], committed: dict[int, int]
     return True
 
 
-def _dump(root: Path) -> dict[tuple, bytes]:
-    """Every stored point of the raw, 10 s and 1 min tiers, keyed by entity labels."""
+def _dump(root: Path, tiers: tuple[str, ...] = ("raw", "10s", "1m")) -> dict[tuple, bytes]:
+    """Every stored point of ``tiers``, keyed by entity labels."""
     index = EntityIndex(root / "entities.jsonl")
     store = _open_store(root / "store")
     out: dict[tuple, bytes] = {}
     try:
-        for tier in ("raw", "10s", "1m"):
+        for tier in tiers:
             sids = np.sort(store.series_ids(tier))
             r = store.read(tier, sids, 0, 1 << 62)
             for i, sid in enumerate(r.series_ids.tolist()):
@@ -214,4 +233,98 @@ def test_crash_at_every_cycle_in_turn(reference, tmp_path):
     assert crashes > 10
     assert _run(tmp_path / "data", tmp_path / "state", msgs, committed, None)
     got = _dump(tmp_path / "data")
+    assert got == ref, _diff(got, ref)
+
+
+COARSE = ("10s", "1m", "1h")
+
+
+@pytest.fixture(scope="module")
+def long_reference(tmp_path_factory):
+    msgs = _long_messages()
+    root = tmp_path_factory.mktemp("crash-long-ref")
+    assert _run(root / "data", root / "state", msgs, {}, None)
+    return msgs, _dump(root / "data", COARSE), root / "data"
+
+
+def _check_against_reducers(ref: dict[tuple, bytes], data: Path, hours: int) -> None:
+    """Each 1 min and 1 h point is what store.downsample's reducers give over the tier below
+    (bit for bit: same order of additions), and a point exists exactly where the finer
+    tier has one in its window."""
+    from aggregator.series_layout import AGG_NAMES, AGG_SLOTS
+    from aggregator.store.downsample import reduce_buckets
+    from aggregator.tiers import AGG_REDUCER
+
+    store = _open_store(data / "store")
+    try:
+        checked = 0
+        end = {t: max((k[4] for k in ref if k[0] == t and k[3] != "sketch"), default=0) + r
+               for t, r in (("1m", 60_000), ("1h", HOUR))}
+        for src, dst, res in (("10s", "1m", 60_000), ("1m", "1h", HOUR)):
+            sids = np.sort(store.series_ids(dst))
+            fine = store.read(src, sids, 0, 1 << 62)
+            coarse = store.read(dst, sids, 0, 1 << 62)
+            for i, sid in enumerate(sids.tolist()):
+                agg = AGG_NAMES[sid % AGG_SLOTS]
+                ts, vals = fine.series(i)
+                cts, cvals = coarse.series(i)
+                if agg == "sketch":  # bucket counts added per slot
+                    ts, vals = ts[ts < end[dst]], vals[ts < end[dst]]
+                    win = ts - ts % res
+                    want = {(int(w), int(t % (10_000 if src == "10s" else 60_000))): 0.0
+                            for w, t in zip(win, ts, strict=True)}
+                    for w, t, v in zip(win, ts, vals, strict=True):
+                        want[(int(w), int(t % (10_000 if src == "10s" else 60_000)))] += v
+                    got = {(int(t - t % res), int(t % res)): v
+                           for t, v in zip(cts, cvals, strict=True)}
+                    assert got == want
+                    continue
+                # the newest coarse window is still open when the stream ends
+                upto = ts < end[dst]
+                ts, vals = ts[upto], vals[upto]
+                offs = np.asarray([0, ts.size])
+                bts, bvals, _ = reduce_buckets(ts, vals, offs, res, AGG_REDUCER[agg])
+                have = ~np.isnan(cvals)
+                assert np.array_equal(cts[have], bts), (dst, sid)
+                assert np.array_equal(cvals[have].view(np.int64), bvals.view(np.int64))
+                assert set(cts.tolist()) == set((ts - ts % res).tolist())
+                checked += 1
+        assert checked > 100
+        assert len({k[4] for k in ref if k[0] == "1h" and k[3] != "sketch"}) == hours
+    finally:
+        store.close()
+
+
+
+
+def test_coarse_tiers_equal_the_store_reducers_over_the_finer_tier(long_reference):
+    _, ref, data = long_reference
+    _check_against_reducers(ref, data, hours=1)  # crossing the boundary finished one hour
+
+
+def test_entities_appearing_mid_window_join_the_coarse_windows(tmp_path):
+    """A rack whose frames start 35 s into a minute grows the layout of open 1 min windows."""
+    fl = make_fleet(n_racks=3, seconds=200, ticks_per_frame=5, partitions=2)
+    late = fl.nodes[-1].rack_key
+    msgs = _renumber([m for m in fl.messages
+                      if m.key != late or m.timestamp_ms >= T0 + 95_000])
+    assert _run(tmp_path / "data", tmp_path / "state", msgs, {}, None)
+    ref = _dump(tmp_path / "data", COARSE)
+    assert any(k[0] == "1m" and k[1][3] == fl.nodes[-1].rack for k in ref)
+    _check_against_reducers(ref, tmp_path / "data", hours=0)
+
+
+@pytest.mark.parametrize(("first", "second"), [(12, 9), (20, 16), (34, 3)])
+def test_crashes_around_an_hour_and_a_gap_then_replay_is_bit_identical(
+        long_reference, tmp_path, first, second):
+    """Crashes in the gap, before the hour boundary (the successor reads 35 minutes of the
+    hour back from the 1 min tier) and after it: the restarted instance reads its coarse
+    windows back from the store (seeding) and ends identical."""
+    msgs, ref, _ = long_reference
+    committed: dict[int, int] = {}
+    assert not _run(tmp_path / "data", tmp_path / "state", msgs, committed, (first, "committed"))
+    assert not _run(tmp_path / "data", tmp_path / "state", msgs, committed, (second, "folded"),
+                    True)
+    assert _run(tmp_path / "data", tmp_path / "state", msgs, committed, None)
+    got = _dump(tmp_path / "data", COARSE)
     assert got == ref, _diff(got, ref)
