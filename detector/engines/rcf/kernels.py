@@ -98,12 +98,20 @@ def cache_threshold(sample_size: int, entries: int) -> int:
 
 
 @njit(cache=True, inline="always")
+def _slot_value(s: int, d: int, spid_g: np.ndarray, offset_m: np.ndarray,
+                arena_m: np.ndarray) -> np.float32:
+    """Coordinate d of the point in sampler slot s (a slot that holds a point)."""
+    return arena_m[np.uint64(offset_m[np.uint64(spid_g[np.uint64(s)])]) + np.uint64(d)]
+
+
+@njit(cache=True, inline="always")
 def _grow_cached(c: int, cbox_t: np.ndarray, spid_g: np.ndarray, offset_m: np.ndarray,
                  arena_m: np.ndarray, lo: np.ndarray, hi: np.ndarray, dim: int) -> None:
     """Extend (lo, hi) by cached box c."""
+    box = cbox_t[np.uint64(c)]
     for d in range(dim):
-        a = arena_m[offset_m[spid_g[cbox_t[c, 0, d]]] + d]
-        b = arena_m[offset_m[spid_g[cbox_t[c, 1, d]]] + d]
+        a = _slot_value(box[0, d], d, spid_g, offset_m, arena_m)
+        b = _slot_value(box[1, d], d, spid_g, offset_m, arena_m)
         lo[d] = a if a < lo[d] else lo[d]
         hi[d] = b if b > hi[d] else hi[d]
 
@@ -112,9 +120,26 @@ def _grow_cached(c: int, cbox_t: np.ndarray, spid_g: np.ndarray, offset_m: np.nd
 def _read_cached(c: int, cbox_t: np.ndarray, spid_g: np.ndarray, offset_m: np.ndarray,
                  arena_m: np.ndarray, lo: np.ndarray, hi: np.ndarray, dim: int) -> None:
     """(lo, hi) := cached box c."""
+    box = cbox_t[np.uint64(c)]
     for d in range(dim):
-        lo[d] = arena_m[offset_m[spid_g[cbox_t[c, 0, d]]] + d]
-        hi[d] = arena_m[offset_m[spid_g[cbox_t[c, 1, d]]] + d]
+        lo[d] = _slot_value(box[0, d], d, spid_g, offset_m, arena_m)
+        hi[d] = _slot_value(box[1, d], d, spid_g, offset_m, arena_m)
+
+
+# Reassociating the two sums lets LLVM vectorise them; it moves a score by rounding only
+# (no other kernel uses it, so trees grow exactly as without it).
+@njit(cache=True, fastmath={"nsz", "reassoc", "contract", "arcp"})
+def _gap_span(q: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[float, float]:
+    """How far q lies outside the box (L1) and the box's summed side lengths."""
+    gap = 0.0
+    span = 0.0
+    for d in range(q.shape[0]):
+        qd = np.float64(q[d])
+        h = np.float64(hi[d])
+        lw = np.float64(lo[d])
+        gap += max(qd - h, 0.0) + max(lw - qd, 0.0)
+        span += h - lw
+    return gap, span
 
 
 @njit(cache=True)
@@ -147,7 +172,7 @@ def _grow_subtree(
                 stack[top + 1] = right_t[n]
                 top += 2
         else:
-            _grow_leaf(arena_m, offset_m[spid_g[-n - 2]], lo, hi, dim)
+            _grow_leaf(arena_m, offset_m[np.uint64(spid_g[np.uint64(-n - 2)])], lo, hi, dim)
 
 
 @njit(cache=True)
@@ -183,6 +208,9 @@ def _compute_entry(c: int, node: int, left_t: np.ndarray, right_t: np.ndarray,
     dim = lo.shape[0]
     lo[:] = np.inf
     hi[:] = -np.inf
+    # Branch-free selects over int32 scratch indices: LLVM vectorises the leaf loop.
+    loi = np.zeros(dim, dtype=np.int32)
+    hii = np.zeros(dim, dtype=np.int32)
     mass = 0
     top = 2
     stack[0] = left_t[node]
@@ -194,32 +222,37 @@ def _compute_entry(c: int, node: int, left_t: np.ndarray, right_t: np.ndarray,
             k = cslot_t[n]
             if k != _NONE:
                 mass += cmass_t[k]
+                box = cbox_t[np.uint64(k)]
                 for d in range(dim):
-                    for side in range(2):
-                        s = cbox_t[k, side, d]
-                        v = arena_m[offset_m[spid_g[s]] + d]
-                        if v < lo[d]:
-                            lo[d] = v
-                            cbox_t[c, 0, d] = s
-                        if v > hi[d]:
-                            hi[d] = v
-                            cbox_t[c, 1, d] = s
+                    sl = np.int32(box[0, d])
+                    sh = np.int32(box[1, d])
+                    a = _slot_value(sl, d, spid_g, offset_m, arena_m)
+                    b = _slot_value(sh, d, spid_g, offset_m, arena_m)
+                    lt = a < lo[d]
+                    lo[d] = a if lt else lo[d]
+                    loi[d] = sl if lt else loi[d]
+                    gt = b > hi[d]
+                    hi[d] = b if gt else hi[d]
+                    hii[d] = sh if gt else hii[d]
             else:
                 stack[top] = left_t[n]
                 stack[top + 1] = right_t[n]
                 top += 2
         else:
             mass += 1
-            s = -n - 2
-            off = offset_m[spid_g[s]]
+            s = np.int32(-n - 2)
+            off = np.uint64(offset_m[np.uint64(spid_g[np.uint64(s)])])
             for d in range(dim):
-                v = arena_m[off + d]
-                if v < lo[d]:
-                    lo[d] = v
-                    cbox_t[c, 0, d] = s
-                if v > hi[d]:
-                    hi[d] = v
-                    cbox_t[c, 1, d] = s
+                v = arena_m[off + np.uint64(d)]
+                lt = v < lo[d]
+                lo[d] = v if lt else lo[d]
+                loi[d] = s if lt else loi[d]
+                gt = v > hi[d]
+                hi[d] = v if gt else hi[d]
+                hii[d] = s if gt else hii[d]
+    for d in range(dim):
+        cbox_t[c, 0, d] = loi[d]
+        cbox_t[c, 1, d] = hii[d]
     cmass_t[c] = mass
 
 
@@ -384,14 +417,7 @@ def _score_tree(
                 _grow_subtree(sibling, left_t, right_t, cslot_t, cbox_t, spid_g, offset_m,
                               arena_m, lo, hi, stack, dim)
         child = node
-        gap = 0.0
-        span = 0.0
-        for d in range(dim):
-            qd = np.float64(q[d])
-            h = np.float64(hi[d])
-            lw = np.float64(lo[d])
-            gap += max(qd - h, 0.0) + max(lw - qd, 0.0)
-            span += h - lw
+        gap, span = _gap_span(q, lo, hi)
         if gap <= 0.0:
             break
         new_range = span + gap
