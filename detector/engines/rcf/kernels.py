@@ -65,7 +65,7 @@ _WEIGHT_RENORM = 64.0
 _INITIAL_ACCEPT_FRACTION = 0.125
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _uniform(meta: np.ndarray, m: int) -> float:
     """splitmix64 -> float in (0, 1); the state lives in ``meta[m, META_RNG]``."""
     x = np.uint64(meta[m, META_RNG]) + np.uint64(0x9E3779B97F4A7C15)
@@ -77,17 +77,7 @@ def _uniform(meta: np.ndarray, m: int) -> float:
     return (float(z >> np.uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
 
 
-@njit(cache=True, inline="always")
-def _grow_leaf(arena_m: np.ndarray, off: int, lo: np.ndarray, hi: np.ndarray, dim: int) -> None:
-    # Unsigned indices: numba then skips the negative-index check, and LLVM vectorises.
-    base = np.uint64(off)
-    for d in range(dim):
-        v = arena_m[base + np.uint64(d)]
-        lo[d] = v if v < lo[d] else lo[d]
-        hi[d] = v if v > hi[d] else hi[d]
-
-
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def cache_threshold(sample_size: int, entries: int) -> int:
     """Leaves a subtree needs to be cached. A random tree of n leaves has about
     ``2.4 n / k`` internal nodes with k or more leaves, so this about fills ``entries``
@@ -97,87 +87,23 @@ def cache_threshold(sample_size: int, entries: int) -> int:
     return max(2, min(int(2.4 * sample_size / entries + 0.5), sample_size // 2))
 
 
-@njit(cache=True, inline="always")
-def _slot_value(s: int, d: int, spid_g: np.ndarray, offset_m: np.ndarray,
-                arena_m: np.ndarray) -> np.float32:
-    """Coordinate d of the point in sampler slot s (a slot that holds a point)."""
-    return arena_m[np.uint64(offset_m[np.uint64(spid_g[np.uint64(s)])]) + np.uint64(d)]
+# The kernels below take the whole state arrays and index them with (m, t) or (m, g), and
+# their hot loops are written out instead of calling small helpers: in numba a view sliced
+# per tree, and a call that passes arrays, each cost atomic reference-count updates (the
+# refcount pruner gives up on callees that may raise); those measured at 10-12 % of an
+# update. Indices known to be >= 0 are cast to unsigned, which skips numba's negative-index
+# wraparound and lets LLVM vectorise the per-dimension loops.
 
 
-@njit(cache=True, inline="always")
-def _grow_cached(c: int, cbox_t: np.ndarray, spid_g: np.ndarray, offset_m: np.ndarray,
-                 arena_m: np.ndarray, lo: np.ndarray, hi: np.ndarray, dim: int) -> None:
-    """Extend (lo, hi) by cached box c."""
-    box = cbox_t[np.uint64(c)]
-    for d in range(dim):
-        a = _slot_value(box[0, d], d, spid_g, offset_m, arena_m)
-        b = _slot_value(box[1, d], d, spid_g, offset_m, arena_m)
-        lo[d] = a if a < lo[d] else lo[d]
-        hi[d] = b if b > hi[d] else hi[d]
+# Reassociating sums lets LLVM vectorise them; in scoring that moves a score by rounding
+# only (no kernel that grows trees uses it, so trees grow exactly as without it). No
+# finite-math flags: boxes start at +-inf.
+_SCORE_MATH = {"nsz", "reassoc", "contract", "arcp"}
 
 
-@njit(cache=True, inline="always")
-def _read_cached(c: int, cbox_t: np.ndarray, spid_g: np.ndarray, offset_m: np.ndarray,
-                 arena_m: np.ndarray, lo: np.ndarray, hi: np.ndarray, dim: int) -> None:
-    """(lo, hi) := cached box c."""
-    box = cbox_t[np.uint64(c)]
-    for d in range(dim):
-        lo[d] = _slot_value(box[0, d], d, spid_g, offset_m, arena_m)
-        hi[d] = _slot_value(box[1, d], d, spid_g, offset_m, arena_m)
-
-
-# Reassociating the two sums lets LLVM vectorise them; it moves a score by rounding only
-# (no other kernel uses it, so trees grow exactly as without it).
-@njit(cache=True, fastmath={"nsz", "reassoc", "contract", "arcp"})
-def _gap_span(q: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[float, float]:
-    """How far q lies outside the box (L1) and the box's summed side lengths."""
-    gap = 0.0
-    span = 0.0
-    for d in range(q.shape[0]):
-        qd = np.float64(q[d])
-        h = np.float64(hi[d])
-        lw = np.float64(lo[d])
-        gap += max(qd - h, 0.0) + max(lw - qd, 0.0)
-        span += h - lw
-    return gap, span
-
-
-@njit(cache=True)
-def _grow_subtree(
-    node: int,
-    left_t: np.ndarray,
-    right_t: np.ndarray,
-    cslot_t: np.ndarray,
-    cbox_t: np.ndarray,
-    spid_g: np.ndarray,
-    offset_m: np.ndarray,
-    arena_m: np.ndarray,
-    lo: np.ndarray,
-    hi: np.ndarray,
-    stack: np.ndarray,
-    dim: int,
-) -> None:
-    """Extend the box (lo, hi) by every point under ``node`` (cached subtrees in one step)."""
-    top = 1
-    stack[0] = node
-    while top > 0:
-        top -= 1
-        n = stack[top]
-        if n >= 0:
-            c = cslot_t[n]
-            if c != _NONE:
-                _grow_cached(c, cbox_t, spid_g, offset_m, arena_m, lo, hi, dim)
-            else:
-                stack[top] = left_t[n]
-                stack[top + 1] = right_t[n]
-                top += 2
-        else:
-            _grow_leaf(arena_m, offset_m[np.uint64(spid_g[np.uint64(-n - 2)])], lo, hi, dim)
-
-
-@njit(cache=True)
-def _count_upto(node: int, limit: int, left_t: np.ndarray, right_t: np.ndarray,
-                cslot_t: np.ndarray, cmass_t: np.ndarray, stack: np.ndarray) -> int:
+@njit(cache=True, error_model="numpy")
+def _count_upto(node: int, limit: int, m: int, t: int, left: np.ndarray, right: np.ndarray,
+                cslot: np.ndarray, cmass: np.ndarray, stack: np.ndarray) -> int:
     """Leaves under ``node``, counted until ``limit`` is reached."""
     count = 0
     top = 1
@@ -186,48 +112,48 @@ def _count_upto(node: int, limit: int, left_t: np.ndarray, right_t: np.ndarray,
         top -= 1
         n = stack[top]
         if n >= 0:
-            c = cslot_t[n]
+            c = cslot[m, t, n]
             if c != _NONE:
-                count += cmass_t[c]
+                count += cmass[m, t, c]
             else:
-                stack[top] = left_t[n]
-                stack[top + 1] = right_t[n]
+                stack[top] = left[m, t, n]
+                stack[top + 1] = right[m, t, n]
                 top += 2
         else:
             count += 1
     return count
 
 
-@njit(cache=True)
-def _compute_entry(c: int, node: int, left_t: np.ndarray, right_t: np.ndarray,
-                   cslot_t: np.ndarray, cbox_t: np.ndarray, cmass_t: np.ndarray,
-                   spid_g: np.ndarray, offset_m: np.ndarray, arena_m: np.ndarray,
-                   stack: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
-    """Recompute cache entry c as the box and leaf count of internal ``node`` (cached
-    entries below it must be up to date)."""
+@njit(cache=True, error_model="numpy")
+def _compute_entry(c: int, node: int, m: int, t: int, g: int, left: np.ndarray,
+                   right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray, cmass: np.ndarray,
+                   spid: np.ndarray, offset: np.ndarray, arena: np.ndarray,
+                   stack: np.ndarray, lo: np.ndarray, hi: np.ndarray, loi: np.ndarray,
+                   hii: np.ndarray) -> None:
+    """Recompute cache entry c of tree t as the box and leaf count of internal ``node``
+    (cached entries below it must be up to date)."""
     dim = lo.shape[0]
     lo[:] = np.inf
     hi[:] = -np.inf
     # Branch-free selects over int32 scratch indices: LLVM vectorises the leaf loop.
-    loi = np.zeros(dim, dtype=np.int32)
-    hii = np.zeros(dim, dtype=np.int32)
     mass = 0
     top = 2
-    stack[0] = left_t[node]
-    stack[1] = right_t[node]
+    stack[0] = left[m, t, node]
+    stack[1] = right[m, t, node]
     while top > 0:
         top -= 1
         n = stack[top]
         if n >= 0:
-            k = cslot_t[n]
+            k = cslot[m, t, n]
             if k != _NONE:
-                mass += cmass_t[k]
-                box = cbox_t[np.uint64(k)]
+                mass += cmass[m, t, k]
+                ku = np.uint64(k)
                 for d in range(dim):
-                    sl = np.int32(box[0, d])
-                    sh = np.int32(box[1, d])
-                    a = _slot_value(sl, d, spid_g, offset_m, arena_m)
-                    b = _slot_value(sh, d, spid_g, offset_m, arena_m)
+                    du = np.uint64(d)
+                    sl = np.int32(cbox[m, t, ku, 0, du])
+                    sh = np.int32(cbox[m, t, ku, 1, du])
+                    a = arena[m, np.uint64(offset[m, np.uint64(spid[m, g, sl])]) + du]
+                    b = arena[m, np.uint64(offset[m, np.uint64(spid[m, g, sh])]) + du]
                     lt = a < lo[d]
                     lo[d] = a if lt else lo[d]
                     loi[d] = sl if lt else loi[d]
@@ -235,15 +161,15 @@ def _compute_entry(c: int, node: int, left_t: np.ndarray, right_t: np.ndarray,
                     hi[d] = b if gt else hi[d]
                     hii[d] = sh if gt else hii[d]
             else:
-                stack[top] = left_t[n]
-                stack[top + 1] = right_t[n]
+                stack[top] = left[m, t, n]
+                stack[top + 1] = right[m, t, n]
                 top += 2
         else:
             mass += 1
             s = np.int32(-n - 2)
-            off = np.uint64(offset_m[np.uint64(spid_g[np.uint64(s)])])
+            off = np.uint64(offset[m, np.uint64(spid[m, g, s])])
             for d in range(dim):
-                v = arena_m[off + np.uint64(d)]
+                v = arena[m, off + np.uint64(d)]
                 lt = v < lo[d]
                 lo[d] = v if lt else lo[d]
                 loi[d] = s if lt else loi[d]
@@ -251,80 +177,61 @@ def _compute_entry(c: int, node: int, left_t: np.ndarray, right_t: np.ndarray,
                 hi[d] = v if gt else hi[d]
                 hii[d] = s if gt else hii[d]
     for d in range(dim):
-        cbox_t[c, 0, d] = loi[d]
-        cbox_t[c, 1, d] = hii[d]
-    cmass_t[c] = mass
+        cbox[m, t, c, 0, d] = loi[d]
+        cbox[m, t, c, 1, d] = hii[d]
+    cmass[m, t, c] = mass
 
 
-@njit(cache=True)
-def _free_entry(cmass_t: np.ndarray) -> int:
-    for c in range(cmass_t.shape[0]):
-        if cmass_t[c] == 0:
-            return c
-    return -1
-
-
-@njit(cache=True)
-def _descend(
-    q: np.ndarray,
-    root: int,
-    cut_dim_t: np.ndarray,
-    cut_val_t: np.ndarray,
-    left_t: np.ndarray,
-    right_t: np.ndarray,
-    path: np.ndarray,
-) -> tuple[int, int]:
-    """Follow the cuts from the root; returns (leaf code, depth). ``path[:depth]`` holds the
-    internal nodes from the root down."""
-    node = root
+@njit(cache=True, error_model="numpy")
+def _descend(q: np.ndarray, m: int, t: int, root: np.ndarray, cut_dim: np.ndarray,
+             cut_val: np.ndarray, left: np.ndarray, right: np.ndarray,
+             path: np.ndarray) -> tuple[int, int]:
+    """Follow the cuts from the root of tree t; returns (leaf code, depth). ``path[:depth]``
+    holds the internal nodes from the root down."""
+    node = np.int64(root[m, t])
     depth = 0
     while node >= 0:
         path[depth] = node
         depth += 1
-        node = left_t[node] if q[cut_dim_t[node]] <= cut_val_t[node] else right_t[node]
+        if q[cut_dim[m, t, node]] <= cut_val[m, t, node]:
+            node = np.int64(left[m, t, node])
+        else:
+            node = np.int64(right[m, t, node])
     return node, depth
 
 
-@njit(cache=True)
-def _slot_mass(spid_g: np.ndarray, size: int, pid: int) -> int:
-    count = 0
-    for s in range(size):
-        if spid_g[s] == pid:
-            count += 1
-    return count
-
-
-@njit(cache=True)
-def rebuild_tree_cache(root: int, left_t: np.ndarray, right_t: np.ndarray,
-                       cslot_t: np.ndarray, cbox_t: np.ndarray, cmass_t: np.ndarray,
-                       spid_g: np.ndarray, offset_m: np.ndarray, arena_m: np.ndarray,
-                       threshold: int, stack: np.ndarray, lo: np.ndarray,
-                       hi: np.ndarray) -> None:
-    """Fill one tree's cache from scratch: the largest subtrees first (breadth first from
+@njit(cache=True, error_model="numpy")
+def _rebuild_tree_cache(m: int, t: int, g: int, root: np.ndarray, left: np.ndarray,
+                        right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray,
+                        cmass: np.ndarray, spid: np.ndarray, offset: np.ndarray,
+                        arena: np.ndarray, threshold: int, stack: np.ndarray, lo: np.ndarray,
+                        hi: np.ndarray, loi: np.ndarray, hii: np.ndarray) -> None:
+    """Fill tree t's cache from scratch: the largest subtrees first (breadth first from
     the root), as many as have ``threshold`` leaves and fit."""
-    cslot_t[:] = _NONE
-    cmass_t[:] = 0
-    entries = cmass_t.shape[0]
-    if root < 0 or entries == 0:
+    cslot[m, t, :] = _NONE
+    cmass[m, t, :] = 0
+    entries = cmass.shape[2]
+    r = root[m, t]
+    if r < 0 or entries == 0:
         return
-    nodes = left_t.shape[0]
+    nodes = left.shape[2]
     mass = np.zeros(nodes, dtype=np.int64)
     order = np.empty(nodes, dtype=np.int64)
     # Breadth-first order; masses in reverse of it (children before parents).
-    order[0] = root
+    order[0] = r
     count = 1
     k = 0
     while k < count:
         n = order[k]
         k += 1
-        for child in (left_t[n], right_t[n]):
+        for child in (left[m, t, n], right[m, t, n]):
             if child >= 0:
                 order[count] = child
                 count += 1
     for k in range(count - 1, -1, -1):
         n = order[k]
         total = 0
-        for child in (left_t[n], right_t[n]):
+        for child in (left[m, t, n], right[m, t, n]):
             total += mass[child] if child >= 0 else 1
         mass[n] = total
     chosen = np.empty(entries, dtype=np.int64)
@@ -334,349 +241,334 @@ def rebuild_tree_cache(root: int, left_t: np.ndarray, right_t: np.ndarray,
             break
         n = order[k]
         if mass[n] >= threshold:
-            cslot_t[n] = used
+            cslot[m, t, n] = used
             chosen[used] = n
-            cmass_t[used] = 1  # taken (set exactly below)
+            cmass[m, t, used] = 1  # taken (set exactly below)
             used += 1
     for c in range(used - 1, -1, -1):
-        _compute_entry(c, chosen[c], left_t, right_t, cslot_t, cbox_t, cmass_t, spid_g,
-                       offset_m, arena_m, stack, lo, hi)
+        _compute_entry(c, chosen[c], m, t, g, left, right, cslot, cbox, cmass, spid, offset,
+                       arena, stack, lo, hi, loi, hii)
 
 
-@njit(cache=True)
-def _score_tree(
-    q: np.ndarray,
-    root: int,
-    cut_dim_t: np.ndarray,
-    cut_val_t: np.ndarray,
-    left_t: np.ndarray,
-    right_t: np.ndarray,
-    cslot_t: np.ndarray,
-    cbox_t: np.ndarray,
-    spid_g: np.ndarray,
-    size: int,
-    offset_m: np.ndarray,
-    arena_m: np.ndarray,
-    path: np.ndarray,
-    stack: np.ndarray,
-    lo: np.ndarray,
-    hi: np.ndarray,
-    high: np.ndarray,
-    low: np.ndarray,
-    vhigh: np.ndarray,
-    vlow: np.ndarray,
-    attribute: bool,
-) -> float:
-    """AWS anomaly score of ``q`` in one tree (before normalisation); if ``attribute``, the
-    tree's DiVector is added into ``high``/``low`` (summing to the returned score)."""
-    dim = q.shape[0]
-    leaf, depth = _descend(q, root, cut_dim_t, cut_val_t, left_t, right_t, path)
-    pid = spid_g[-leaf - 2]
-    off = offset_m[pid]
-    x = arena_m[off : off + dim]
-    equal = True
-    for d in range(dim):
-        if x[d] != q[d]:
-            equal = False
-            break
-    if equal:
-        mass = _slot_mass(spid_g, size, pid)
-        score = (1.0 - mass / (2.0 * size)) / (depth + np.log2(mass + 1.0))
-        if attribute:
-            share = score / (2.0 * dim)
-            for d in range(dim):
-                high[d] += share
-                low[d] += share
-        return score
-    # The leaf is a box holding one point: the separation probability is 1.
-    score = 1.0 / (depth + 1.0)
-    for d in range(dim):
-        lo[d] = x[d]
-        hi[d] = x[d]
-    if attribute:
-        total = 0.0
-        for d in range(dim):
-            diff = np.float64(q[d]) - np.float64(x[d])
-            vhigh[d] = max(diff, 0.0)
-            vlow[d] = max(-diff, 0.0)
-            total += abs(diff)
-        for d in range(dim):
-            vhigh[d] = vhigh[d] / total * score
-            vlow[d] = vlow[d] / total * score
-    child = leaf
-    for level in range(depth - 1, -1, -1):
-        node = path[level]
-        c = cslot_t[node]
-        if c != _NONE:
-            _read_cached(c, cbox_t, spid_g, offset_m, arena_m, lo, hi, dim)
-        else:
-            sibling = right_t[node] if left_t[node] == child else left_t[node]
-            if sibling < 0:
-                _grow_leaf(arena_m, offset_m[spid_g[-sibling - 2]], lo, hi, dim)
-            else:
-                _grow_subtree(sibling, left_t, right_t, cslot_t, cbox_t, spid_g, offset_m,
-                              arena_m, lo, hi, stack, dim)
-        child = node
-        gap, span = _gap_span(q, lo, hi)
-        if gap <= 0.0:
-            break
-        new_range = span + gap
-        prob = gap / new_range
-        unseen = 1.0 / (level + 1.0)
-        score = prob * unseen + (1.0 - prob) * score
-        if attribute:
-            keep = 1.0 - prob
-            scale = unseen / new_range
-            for d in range(dim):
-                qd = q[d]
-                gh = float(qd) - float(hi[d]) if qd > hi[d] else 0.0
-                gl = float(lo[d]) - float(qd) if qd < lo[d] else 0.0
-                vhigh[d] = gh * scale + keep * vhigh[d]
-                vlow[d] = gl * scale + keep * vlow[d]
-    if attribute:
-        for d in range(dim):
-            high[d] += vhigh[d]
-            low[d] += vlow[d]
-    return score
+@njit(cache=True, error_model="numpy")
+def _splitmix_uniform(state: np.int64) -> tuple[np.int64, float]:
+    """splitmix64 step on a scalar state: (new state, float in (0, 1)), as ``_uniform``."""
+    x = np.uint64(state) + np.uint64(0x9E3779B97F4A7C15)
+    z = x
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return np.int64(x), (float(z >> np.uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
 
 
-@njit(cache=True)
-def _random_cut(
-    factor: float, q: np.ndarray, lo: np.ndarray, hi: np.ndarray
-) -> tuple[int, np.float32]:
-    """AWS's randomCut: a dimension chosen in proportion to the range of box U {q}, and a
-    value uniform in it (kept in [min, max) so both sides are non-empty)."""
-    dim = q.shape[0]
-    total = 0.0
-    for d in range(dim):
-        mn = min(lo[d], q[d])
-        mx = max(hi[d], q[d])
-        total += float(mx) - float(mn)
-    brk = factor * total
-    last = -1
-    for d in range(dim):
-        mn = min(lo[d], q[d])
-        mx = max(hi[d], q[d])
-        gap = float(mx) - float(mn)
-        if gap > 0.0:
-            last = d
-            if brk <= gap:
-                value = np.float32(float(mn) + brk)
-                if value >= mx:
-                    value = np.float32(np.nextafter(mx, mn))
-                return d, value
-        brk -= gap
-    # Rounding left brk above the last gap: cut just below the top of the last usable dim.
-    mn = min(lo[last], q[last])
-    mx = max(hi[last], q[last])
-    return last, np.float32(np.nextafter(mx, mn))
-
-
-@njit(cache=True)
-def _insert_leaf(
+@njit(cache=True, error_model="numpy")
+def _insert_into_trees(
     q: np.ndarray,
     slot: int,
-    t: int,
     m: int,
+    g: int,
+    t0: int,
+    t1: int,
     threshold: int,
     root: np.ndarray,
     free_head: np.ndarray,
-    cut_dim_t: np.ndarray,
-    cut_val_t: np.ndarray,
-    left_t: np.ndarray,
-    right_t: np.ndarray,
-    cslot_t: np.ndarray,
-    cbox_t: np.ndarray,
-    cmass_t: np.ndarray,
-    spid_g: np.ndarray,
-    offset_m: np.ndarray,
-    arena_m: np.ndarray,
+    cut_dim: np.ndarray,
+    cut_val: np.ndarray,
+    left: np.ndarray,
+    right: np.ndarray,
+    cslot: np.ndarray,
+    cbox: np.ndarray,
+    cmass: np.ndarray,
+    spid: np.ndarray,
+    offset: np.ndarray,
+    arena: np.ndarray,
     meta: np.ndarray,
     path: np.ndarray,
     stack: np.ndarray,
     lo: np.ndarray,
     hi: np.ndarray,
+    loi: np.ndarray,
+    hii: np.ndarray,
 ) -> None:
-    """Insert sampler slot ``slot`` (whose point is ``q``, not a duplicate) into tree t."""
+    """Insert sampler slot ``slot`` (whose point is ``q``, not a duplicate) into trees
+    t0 .. t1-1 of group g. Loops written out for the reason given at ``_score_forest``."""
     dim = q.shape[0]
     new_leaf = -(slot + 2)
-    r = root[m, t]
-    if r == -1:
-        root[m, t] = new_leaf
-        return
-    leaf, depth = _descend(q, r, cut_dim_t, cut_val_t, left_t, right_t, path)
-    off = offset_m[spid_g[-leaf - 2]]
-    x = arena_m[off : off + dim]
-    for d in range(dim):
-        lo[d] = x[d]
-        hi[d] = x[d]
-    cur = leaf
-    level = depth - 1
-    saved_node = leaf
-    saved_level = level
-    saved_dim = -1
-    saved_val = np.float32(0.0)
-    while True:
-        factor = _uniform(meta, m)
-        cdim, cval = _random_cut(factor, q, lo, hi)
-        if (q[cdim] <= cval and cval < lo[cdim]) or (q[cdim] > cval and cval >= hi[cdim]):
-            saved_node = cur
-            saved_level = level
-            saved_dim = cdim
-            saved_val = cval
-        contains = True
-        for d in range(dim):
-            if q[d] < lo[d] or q[d] > hi[d]:
-                contains = False
-                break
-        if contains or level < 0:
-            break
-        parent = path[level]
-        c = cslot_t[parent]
-        if c != _NONE:
-            _read_cached(c, cbox_t, spid_g, offset_m, arena_m, lo, hi, dim)
-        else:
-            sibling = right_t[parent] if left_t[parent] == cur else left_t[parent]
-            _grow_subtree(sibling, left_t, right_t, cslot_t, cbox_t, spid_g, offset_m,
-                          arena_m, lo, hi, stack, dim)
-        cur = parent
-        level -= 1
-    node = free_head[m, t]
-    free_head[m, t] = left_t[node]
-    cut_dim_t[node] = saved_dim
-    cut_val_t[node] = saved_val
-    if q[saved_dim] <= saved_val:
-        left_t[node] = new_leaf
-        right_t[node] = saved_node
-    else:
-        left_t[node] = saved_node
-        right_t[node] = new_leaf
-    if saved_level < 0:
-        root[m, t] = node
-    else:
-        parent = path[saved_level]
-        if left_t[parent] == saved_node:
-            left_t[parent] = node
-        else:
-            right_t[parent] = node
-    if cmass_t.shape[0] == 0:
-        return
-    # Every cached ancestor of the new node gained the point.
-    candidate = node
-    for level in range(saved_level, -1, -1):
-        a = path[level]
-        c = cslot_t[a]
-        if c == _NONE:
-            candidate = a
+    rng = meta[m, META_RNG]
+    for t in range(t0, t1):
+        if root[m, t] == -1:
+            root[m, t] = new_leaf
             continue
-        cmass_t[c] += 1
+        node = np.int64(root[m, t])
+        depth = 0
+        while node >= 0:
+            path[depth] = node
+            depth += 1
+            if q[cut_dim[m, t, node]] <= cut_val[m, t, node]:
+                node = np.int64(left[m, t, node])
+            else:
+                node = np.int64(right[m, t, node])
+        leaf = node
+        off = np.uint64(offset[m, np.uint64(spid[m, g, np.uint64(-leaf - 2)])])
         for d in range(dim):
-            if q[d] < arena_m[offset_m[spid_g[cbox_t[c, 0, d]]] + d]:
-                cbox_t[c, 0, d] = slot
-            if q[d] > arena_m[offset_m[spid_g[cbox_t[c, 1, d]]] + d]:
-                cbox_t[c, 1, d] = slot
-    # The highest uncached node on the way (the one with the most leaves) may have grown
-    # into the cache.
-    c = _free_entry(cmass_t)
-    if c >= 0 and _count_upto(candidate, threshold, left_t, right_t, cslot_t, cmass_t,
-                              stack) >= threshold:
-        cslot_t[candidate] = c
-        _compute_entry(c, candidate, left_t, right_t, cslot_t, cbox_t, cmass_t, spid_g,
-                       offset_m, arena_m, stack, lo, hi)
+            v = arena[m, off + np.uint64(d)]
+            lo[d] = v
+            hi[d] = v
+        cur = leaf
+        level = depth - 1
+        saved_node = leaf
+        saved_level = level
+        saved_dim = -1
+        saved_val = np.float32(0.0)
+        while True:
+            # AWS's randomCut: a dimension chosen in proportion to the range of box U {q},
+            # a value uniform in it (kept in [min, max) so both sides are non-empty).
+            rng, factor = _splitmix_uniform(rng)
+            span = 0.0
+            for d in range(dim):
+                mn = min(lo[d], q[d])
+                mx = max(hi[d], q[d])
+                span += float(mx) - float(mn)
+            brk = factor * span
+            cdim = -1
+            last = -1
+            cval = np.float32(0.0)
+            for d in range(dim):
+                mn = min(lo[d], q[d])
+                mx = max(hi[d], q[d])
+                width = float(mx) - float(mn)
+                if width > 0.0:
+                    last = d
+                    if brk <= width:
+                        cval = np.float32(float(mn) + brk)
+                        if cval >= mx:
+                            cval = np.float32(np.nextafter(mx, mn))
+                        cdim = d
+                        break
+                brk -= width
+            if cdim < 0:
+                # Rounding left brk above the last width: cut just below its top.
+                cdim = last
+                cval = np.float32(np.nextafter(max(hi[last], q[last]),
+                                               min(lo[last], q[last])))
+            if (q[cdim] <= cval and cval < lo[cdim]) or (q[cdim] > cval and cval >= hi[cdim]):
+                saved_node = cur
+                saved_level = level
+                saved_dim = cdim
+                saved_val = cval
+            contains = True
+            for d in range(dim):
+                if q[d] < lo[d] or q[d] > hi[d]:
+                    contains = False
+                    break
+            if contains or level < 0:
+                break
+            parent = path[level]
+            c = cslot[m, t, parent]
+            if c != _NONE:
+                cu = np.uint64(c)
+                for d in range(dim):
+                    du = np.uint64(d)
+                    sl = spid[m, g, np.uint64(cbox[m, t, cu, 0, du])]
+                    sh = spid[m, g, np.uint64(cbox[m, t, cu, 1, du])]
+                    lo[d] = arena[m, np.uint64(offset[m, np.uint64(sl)]) + du]
+                    hi[d] = arena[m, np.uint64(offset[m, np.uint64(sh)]) + du]
+            else:
+                if left[m, t, parent] == cur:
+                    sibling = np.int64(right[m, t, parent])
+                else:
+                    sibling = np.int64(left[m, t, parent])
+                top = 1
+                stack[0] = sibling
+                while top > 0:
+                    top -= 1
+                    n = stack[top]
+                    if n >= 0:
+                        k = cslot[m, t, n]
+                        if k != _NONE:
+                            ku = np.uint64(k)
+                            for d in range(dim):
+                                du = np.uint64(d)
+                                sl = spid[m, g, np.uint64(cbox[m, t, ku, 0, du])]
+                                sh = spid[m, g, np.uint64(cbox[m, t, ku, 1, du])]
+                                a = arena[m, np.uint64(offset[m, np.uint64(sl)]) + du]
+                                b = arena[m, np.uint64(offset[m, np.uint64(sh)]) + du]
+                                lo[d] = a if a < lo[d] else lo[d]
+                                hi[d] = b if b > hi[d] else hi[d]
+                        else:
+                            stack[top] = left[m, t, n]
+                            stack[top + 1] = right[m, t, n]
+                            top += 2
+                    else:
+                        lpid = spid[m, g, np.uint64(-n - 2)]
+                        loff = np.uint64(offset[m, np.uint64(lpid)])
+                        for d in range(dim):
+                            v = arena[m, loff + np.uint64(d)]
+                            lo[d] = v if v < lo[d] else lo[d]
+                            hi[d] = v if v > hi[d] else hi[d]
+            cur = parent
+            level -= 1
+        node = free_head[m, t]
+        free_head[m, t] = left[m, t, node]
+        cut_dim[m, t, node] = saved_dim
+        cut_val[m, t, node] = saved_val
+        if q[saved_dim] <= saved_val:
+            left[m, t, node] = new_leaf
+            right[m, t, node] = saved_node
+        else:
+            left[m, t, node] = saved_node
+            right[m, t, node] = new_leaf
+        if saved_level < 0:
+            root[m, t] = node
+        else:
+            parent = path[saved_level]
+            if left[m, t, parent] == saved_node:
+                left[m, t, parent] = node
+            else:
+                right[m, t, parent] = node
+        if cmass.shape[2] == 0:
+            continue
+        # Every cached ancestor of the new node gained the point.
+        candidate = np.int64(node)
+        for level in range(saved_level, -1, -1):
+            a = path[level]
+            c = cslot[m, t, a]
+            if c == _NONE:
+                candidate = a
+                continue
+            cmass[m, t, c] += 1
+            cu = np.uint64(c)
+            for d in range(dim):
+                du = np.uint64(d)
+                sl = spid[m, g, np.uint64(cbox[m, t, cu, 0, du])]
+                sh = spid[m, g, np.uint64(cbox[m, t, cu, 1, du])]
+                if q[d] < arena[m, np.uint64(offset[m, np.uint64(sl)]) + du]:
+                    cbox[m, t, cu, 0, du] = slot
+                if q[d] > arena[m, np.uint64(offset[m, np.uint64(sh)]) + du]:
+                    cbox[m, t, cu, 1, du] = slot
+        # The highest uncached node on the way (the one with the most leaves) may have
+        # grown into the cache.
+        free = -1
+        for c in range(cmass.shape[2]):
+            if cmass[m, t, c] == 0:
+                free = c
+                break
+        if free >= 0 and _count_upto(candidate, threshold, m, t, left, right, cslot, cmass,
+                                     stack) >= threshold:
+            cslot[m, t, candidate] = free
+            _compute_entry(free, candidate, m, t, g, left, right, cslot, cbox, cmass, spid,
+                           offset, arena, stack, lo, hi, loi, hii)
+    meta[m, META_RNG] = rng
 
 
-@njit(cache=True)
-def _delete_leaf(
+@njit(cache=True, error_model="numpy")
+def _delete_from_trees(
     y: np.ndarray,
     slot: int,
     replacement: int,
-    t: int,
     m: int,
+    g: int,
+    t0: int,
+    t1: int,
     threshold: int,
     root: np.ndarray,
     free_head: np.ndarray,
-    cut_dim_t: np.ndarray,
-    cut_val_t: np.ndarray,
-    left_t: np.ndarray,
-    right_t: np.ndarray,
-    cslot_t: np.ndarray,
-    cbox_t: np.ndarray,
-    cmass_t: np.ndarray,
-    spid_g: np.ndarray,
-    offset_m: np.ndarray,
-    arena_m: np.ndarray,
+    cut_dim: np.ndarray,
+    cut_val: np.ndarray,
+    left: np.ndarray,
+    right: np.ndarray,
+    cslot: np.ndarray,
+    cbox: np.ndarray,
+    cmass: np.ndarray,
+    spid: np.ndarray,
+    offset: np.ndarray,
+    arena: np.ndarray,
     path: np.ndarray,
     stack: np.ndarray,
     lo: np.ndarray,
     hi: np.ndarray,
+    loi: np.ndarray,
+    hii: np.ndarray,
 ) -> None:
-    """Remove sampler slot ``slot`` (point ``y``) from tree t. If ``replacement`` >= 0 other
-    slots still hold the same point: the leaf stays, re-pointed if it referred to ``slot``."""
+    """Remove sampler slot ``slot`` (point ``y``) from trees t0 .. t1-1 of group g. If
+    ``replacement`` >= 0 other slots still hold the same point: the leaf stays, re-pointed
+    if it referred to ``slot``."""
     dim = y.shape[0]
-    leaf, depth = _descend(y, root[m, t], cut_dim_t, cut_val_t, left_t, right_t, path)
-    if replacement >= 0:
-        if leaf == -(slot + 2):
-            new_code = -(replacement + 2)
-            if depth == 0:
-                root[m, t] = new_code
-            else:
-                parent = path[depth - 1]
-                if left_t[parent] == leaf:
-                    left_t[parent] = new_code
-                else:
-                    right_t[parent] = new_code
-            # Cached boxes naming the slot name the same point under its new slot.
-            for level in range(depth):
-                c = cslot_t[path[level]]
-                if c != _NONE:
-                    for side in range(2):
-                        for d in range(dim):
-                            if cbox_t[c, side, d] == slot:
-                                cbox_t[c, side, d] = replacement
-        return
-    if depth == 0:
-        root[m, t] = -1
-        return
-    parent = path[depth - 1]
-    sibling = right_t[parent] if left_t[parent] == leaf else left_t[parent]
-    if depth == 1:
-        root[m, t] = sibling
-    else:
-        grand = path[depth - 2]
-        if left_t[grand] == parent:
-            left_t[grand] = sibling
-        else:
-            right_t[grand] = sibling
-    left_t[parent] = free_head[m, t]
-    free_head[m, t] = parent
-    c = cslot_t[parent]
-    if c != _NONE:
-        cslot_t[parent] = _NONE
-        cmass_t[c] = 0
-    # Cached ancestors lost a leaf: leave the cache when small, else recompute the box if
-    # the deleted slot was one of its extremes (deepest first: parents build on children).
     keep_above = threshold - threshold // 4
-    for level in range(depth - 2, -1, -1):
-        a = path[level]
-        c = cslot_t[a]
-        if c == _NONE:
+    for t in range(t0, t1):
+        node = np.int64(root[m, t])
+        depth = 0
+        while node >= 0:
+            path[depth] = node
+            depth += 1
+            if y[cut_dim[m, t, node]] <= cut_val[m, t, node]:
+                node = np.int64(left[m, t, node])
+            else:
+                node = np.int64(right[m, t, node])
+        leaf = node
+        if replacement >= 0:
+            if leaf == -(slot + 2):
+                new_code = -(replacement + 2)
+                if depth == 0:
+                    root[m, t] = new_code
+                else:
+                    parent = path[depth - 1]
+                    if left[m, t, parent] == leaf:
+                        left[m, t, parent] = new_code
+                    else:
+                        right[m, t, parent] = new_code
+                # Cached boxes naming the slot name the same point under its new slot.
+                for level in range(depth):
+                    c = cslot[m, t, path[level]]
+                    if c != _NONE:
+                        for side in range(2):
+                            for d in range(dim):
+                                if cbox[m, t, c, side, d] == slot:
+                                    cbox[m, t, c, side, d] = replacement
             continue
-        cmass_t[c] -= 1
-        if cmass_t[c] < keep_above:
-            cslot_t[a] = _NONE
-            cmass_t[c] = 0
+        if depth == 0:
+            root[m, t] = -1
             continue
-        named = False
-        for side in range(2):
-            for d in range(dim):
-                if cbox_t[c, side, d] == slot:
-                    named = True
-        if named:
-            _compute_entry(c, a, left_t, right_t, cslot_t, cbox_t, cmass_t, spid_g, offset_m,
-                           arena_m, stack, lo, hi)
+        parent = path[depth - 1]
+        sibling = right[m, t, parent] if left[m, t, parent] == leaf else left[m, t, parent]
+        if depth == 1:
+            root[m, t] = sibling
+        else:
+            grand = path[depth - 2]
+            if left[m, t, grand] == parent:
+                left[m, t, grand] = sibling
+            else:
+                right[m, t, grand] = sibling
+        left[m, t, parent] = free_head[m, t]
+        free_head[m, t] = parent
+        c = cslot[m, t, parent]
+        if c != _NONE:
+            cslot[m, t, parent] = _NONE
+            cmass[m, t, c] = 0
+        # Cached ancestors lost a leaf: leave the cache when small, else recompute the box
+        # if the deleted slot was one of its extremes (deepest first: parents build on
+        # children).
+        for level in range(depth - 2, -1, -1):
+            a = path[level]
+            c = cslot[m, t, a]
+            if c == _NONE:
+                continue
+            cmass[m, t, c] -= 1
+            if cmass[m, t, c] < keep_above:
+                cslot[m, t, a] = _NONE
+                cmass[m, t, c] = 0
+                continue
+            named = False
+            for side in range(2):
+                for d in range(dim):
+                    if cbox[m, t, c, side, d] == slot:
+                        named = True
+            if named:
+                _compute_entry(c, a, m, t, g, left, right, cslot, cbox, cmass, spid, offset,
+                               arena, stack, lo, hi, loi, hii)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def compact_arena(m: int, arena: np.ndarray, offset: np.ndarray, refcnt: np.ndarray,
                   meta: np.ndarray, dim: int) -> None:
     """Move live points to the front of model m's arena, keeping shared shingle overlaps."""
@@ -708,7 +600,7 @@ def compact_arena(m: int, arena: np.ndarray, offset: np.ndarray, refcnt: np.ndar
     meta[m, META_ARENA_END] = write
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _store_point(q: np.ndarray, shift: int, m: int, arena: np.ndarray, offset: np.ndarray,
                  refcnt: np.ndarray, meta: np.ndarray) -> int:
     """Store the current shingle ``q``; returns its point id (reference count 0)."""
@@ -745,7 +637,7 @@ def _store_point(q: np.ndarray, shift: int, m: int, arena: np.ndarray, offset: n
     return pid
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _release_point(pid: int, m: int, offset: np.ndarray, refcnt: np.ndarray,
                    meta: np.ndarray) -> None:
     refcnt[m, pid] -= 1
@@ -757,7 +649,7 @@ def _release_point(pid: int, m: int, offset: np.ndarray, refcnt: np.ndarray,
             meta[m, META_LAST_PID] = -1
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _heaviest(weight_g: np.ndarray, size: int) -> int:
     best = 0
     for s in range(1, size):
@@ -766,7 +658,7 @@ def _heaviest(weight_g: np.ndarray, size: int) -> int:
     return best
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _learn(
     q: np.ndarray,
     shift: int,
@@ -794,6 +686,8 @@ def _learn(
     stack: np.ndarray,
     lo: np.ndarray,
     hi: np.ndarray,
+    loi: np.ndarray,
+    hii: np.ndarray,
     ybuf: np.ndarray,
 ) -> None:
     """Offer the shingled point ``q`` to every sampler of model m and update its trees."""
@@ -811,8 +705,6 @@ def _learn(
         meta[m, META_WBASE] = seq
     base = -(seq - meta[m, META_WBASE]) * decay
     new_pid = -1
-    arena_m = arena[m]
-    offset_m = offset[m]
     for g in range(groups):
         size = ssize[m, g]
         w = np.float32(base + np.log(-np.log(_uniform(meta, m))))
@@ -829,7 +721,6 @@ def _learn(
         top = heavy[m, g]
         if not initial and (size == 0 or w >= weight[m, g, top]):
             continue
-        spid_g = spid[m, g]
         t0 = g * per_group
         if initial:
             slot = size
@@ -837,33 +728,29 @@ def _learn(
         else:
             # Evict the heaviest (oldest-weighted) slot from every tree of the group.
             slot = top
-            old_pid = spid_g[slot]
+            old_pid = spid[m, g, slot]
             replacement = -1
             for s in range(size):
-                if s != slot and spid_g[s] == old_pid:
+                if s != slot and spid[m, g, s] == old_pid:
                     replacement = s
                     break
-            old_off = offset_m[old_pid]
+            old_off = offset[m, old_pid]
             for d in range(dim):
-                ybuf[d] = arena_m[old_off + d]
-            for t in range(t0, t0 + per_group):
-                _delete_leaf(ybuf, slot, replacement, t, m, threshold, root, free_head,
-                             cut_dim[m, t], cut_val[m, t], left[m, t], right[m, t],
-                             cslot[m, t], cbox[m, t], cmass[m, t], spid_g, offset_m, arena_m,
-                             path, stack, lo, hi)
-            spid_g[slot] = -1
+                ybuf[d] = arena[m, old_off + d]
+            _delete_from_trees(ybuf, slot, replacement, m, g, t0, t0 + per_group, threshold,
+                               root, free_head, cut_dim, cut_val, left, right, cslot, cbox,
+                               cmass, spid, offset, arena, path, stack, lo, hi, loi, hii)
+            spid[m, g, slot] = -1
             _release_point(old_pid, m, offset, refcnt, meta)
         # Duplicate of a point already in this group's sample? (All its trees agree.)
         dup_pid = -1
-        r = root[m, t0]
-        if r != -1:
-            leaf, _ = _descend(q, r, cut_dim[m, t0], cut_val[m, t0], left[m, t0], right[m, t0],
-                               path)
-            lp = spid_g[-leaf - 2]
-            loff = offset_m[lp]
+        if root[m, t0] != -1:
+            leaf, _ = _descend(q, m, t0, root, cut_dim, cut_val, left, right, path)
+            lp = spid[m, g, -leaf - 2]
+            loff = offset[m, lp]
             dup_pid = lp
             for d in range(dim):
-                if arena_m[loff + d] != q[d]:
+                if arena[m, loff + d] != q[d]:
                     dup_pid = -1
                     break
         if dup_pid >= 0:
@@ -872,19 +759,18 @@ def _learn(
             if new_pid < 0:
                 new_pid = _store_point(q, shift, m, arena, offset, refcnt, meta)
             pid = new_pid
-        spid_g[slot] = pid
+        spid[m, g, slot] = pid
         weight[m, g, slot] = w
         heavy[m, g] = _heaviest(weight[m, g], ssize[m, g])
         refcnt[m, pid] += 1
         if dup_pid < 0:
-            for t in range(t0, t0 + per_group):
-                _insert_leaf(q, slot, t, m, threshold, root, free_head, cut_dim[m, t],
-                             cut_val[m, t], left[m, t], right[m, t], cslot[m, t], cbox[m, t],
-                             cmass[m, t], spid_g, offset_m, arena_m, meta, path, stack, lo, hi)
+            _insert_into_trees(q, slot, m, g, t0, t0 + per_group, threshold, root, free_head,
+                               cut_dim, cut_val, left, right, cslot, cbox, cmass, spid, offset,
+                               arena, meta, path, stack, lo, hi, loi, hii)
     meta[m, META_SEQ] = seq + 1
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _stream_in(cut_dim_m: np.ndarray, cut_val_m: np.ndarray, left_m: np.ndarray,
                right_m: np.ndarray, cslot_m: np.ndarray, cbox_m: np.ndarray,
                arena_m: np.ndarray, end: int) -> float:
@@ -915,7 +801,7 @@ def _stream_in(cut_dim_m: np.ndarray, cut_val_m: np.ndarray, left_m: np.ndarray,
     return acc
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy", fastmath=_SCORE_MATH)
 def _score_forest(
     q: np.ndarray, m: int, attribute: bool, root: np.ndarray, cut_dim: np.ndarray,
     cut_val: np.ndarray, left: np.ndarray, right: np.ndarray, cslot: np.ndarray,
@@ -925,7 +811,13 @@ def _score_forest(
     high_i: np.ndarray, low_i: np.ndarray,
 ) -> float:
     """Model m's score of ``q`` (mean over trees); with ``attribute`` also its DiVector in
-    ``high_i``/``low_i`` (mean over trees, summing to the score)."""
+    ``high_i``/``low_i`` (mean over trees, summing to the score).
+
+    Per tree: AWS's score, bottom-up from the leaf q falls into, with the box of each
+    ancestor from the cache or grown by the sibling subtree. One function with the loops
+    written out: every call of a numba function that takes arrays costs atomic reference
+    counts (the refcount pruner gives up on callees that may raise), which measured as much
+    as the work itself."""
     groups = spid.shape[1]
     trees = root.shape[1]
     per_group = trees // groups
@@ -936,16 +828,131 @@ def _score_forest(
         if size == 0:
             continue
         norm = np.log2(size + 1.0)
-        spid_g = spid[m, g]
         ghigh[:] = 0.0
         glow[:] = 0.0
         group_total = 0.0
         for t in range(g * per_group, (g + 1) * per_group):
-            group_total += _score_tree(
-                q, root[m, t], cut_dim[m, t], cut_val[m, t], left[m, t], right[m, t],
-                cslot[m, t], cbox[m, t], spid_g, size, offset[m], arena[m], path, stack, lo, hi,
-                ghigh, glow, vhigh, vlow, attribute,
-            )
+            # Descend to the leaf.
+            node = np.int64(root[m, t])
+            depth = 0
+            while node >= 0:
+                path[depth] = node
+                depth += 1
+                if q[cut_dim[m, t, node]] <= cut_val[m, t, node]:
+                    node = np.int64(left[m, t, node])
+                else:
+                    node = np.int64(right[m, t, node])
+            leaf = node
+            pid = spid[m, g, np.uint64(-leaf - 2)]
+            off = np.uint64(offset[m, pid])
+            equal = True
+            for d in range(dim):
+                if arena[m, off + np.uint64(d)] != q[d]:
+                    equal = False
+                    break
+            if equal:
+                mass = 0
+                for s in range(size):
+                    if spid[m, g, s] == pid:
+                        mass += 1
+                score = (1.0 - mass / (2.0 * size)) / (depth + np.log2(mass + 1.0))
+                if attribute:
+                    share = score / (2.0 * dim)
+                    for d in range(dim):
+                        ghigh[d] += share
+                        glow[d] += share
+                group_total += score
+                continue
+            # The leaf is a box holding one point: the separation probability is 1.
+            score = 1.0 / (depth + 1.0)
+            for d in range(dim):
+                v = arena[m, off + np.uint64(d)]
+                lo[d] = v
+                hi[d] = v
+            if attribute:
+                absum = 0.0
+                for d in range(dim):
+                    diff = np.float64(q[d]) - np.float64(lo[d])
+                    vhigh[d] = max(diff, 0.0)
+                    vlow[d] = max(-diff, 0.0)
+                    absum += abs(diff)
+                for d in range(dim):
+                    vhigh[d] = vhigh[d] / absum * score
+                    vlow[d] = vlow[d] / absum * score
+            child = leaf
+            for level in range(depth - 1, -1, -1):
+                node = path[level]
+                c = cslot[m, t, node]
+                if c != _NONE:
+                    cu = np.uint64(c)
+                    for d in range(dim):
+                        du = np.uint64(d)
+                        sl = spid[m, g, np.uint64(cbox[m, t, cu, 0, du])]
+                        sh = spid[m, g, np.uint64(cbox[m, t, cu, 1, du])]
+                        lo[d] = arena[m, np.uint64(offset[m, np.uint64(sl)]) + du]
+                        hi[d] = arena[m, np.uint64(offset[m, np.uint64(sh)]) + du]
+                else:
+                    if left[m, t, node] == child:
+                        sibling = np.int64(right[m, t, node])
+                    else:
+                        sibling = np.int64(left[m, t, node])
+                    top = 1
+                    stack[0] = sibling
+                    while top > 0:
+                        top -= 1
+                        n = stack[top]
+                        if n >= 0:
+                            k = cslot[m, t, n]
+                            if k != _NONE:
+                                ku = np.uint64(k)
+                                for d in range(dim):
+                                    du = np.uint64(d)
+                                    sl = spid[m, g, np.uint64(cbox[m, t, ku, 0, du])]
+                                    sh = spid[m, g, np.uint64(cbox[m, t, ku, 1, du])]
+                                    a = arena[m, np.uint64(offset[m, np.uint64(sl)]) + du]
+                                    b = arena[m, np.uint64(offset[m, np.uint64(sh)]) + du]
+                                    lo[d] = a if a < lo[d] else lo[d]
+                                    hi[d] = b if b > hi[d] else hi[d]
+                            else:
+                                stack[top] = left[m, t, n]
+                                stack[top + 1] = right[m, t, n]
+                                top += 2
+                        else:
+                            lpid = spid[m, g, np.uint64(-n - 2)]
+                            loff = np.uint64(offset[m, np.uint64(lpid)])
+                            for d in range(dim):
+                                v = arena[m, loff + np.uint64(d)]
+                                lo[d] = v if v < lo[d] else lo[d]
+                                hi[d] = v if v > hi[d] else hi[d]
+                child = node
+                gap = 0.0
+                span = 0.0
+                for d in range(dim):
+                    qd = np.float64(q[d])
+                    h = np.float64(hi[d])
+                    lw = np.float64(lo[d])
+                    gap += max(qd - h, 0.0) + max(lw - qd, 0.0)
+                    span += h - lw
+                if gap <= 0.0:
+                    break
+                new_range = span + gap
+                prob = gap / new_range
+                unseen = 1.0 / (level + 1.0)
+                score = prob * unseen + (1.0 - prob) * score
+                if attribute:
+                    keep = 1.0 - prob
+                    scale = unseen / new_range
+                    for d in range(dim):
+                        qd = q[d]
+                        gh = float(qd) - float(hi[d]) if qd > hi[d] else 0.0
+                        gl = float(lo[d]) - float(qd) if qd < lo[d] else 0.0
+                        vhigh[d] = gh * scale + keep * vhigh[d]
+                        vlow[d] = gl * scale + keep * vlow[d]
+            if attribute:
+                for d in range(dim):
+                    ghigh[d] += vhigh[d]
+                    glow[d] += vlow[d]
+            group_total += score
         total += group_total * norm
         if attribute:
             for d in range(dim):
@@ -954,7 +961,7 @@ def _score_forest(
     return total / trees
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def advance(
     ids: np.ndarray,
     points: np.ndarray,
@@ -999,6 +1006,8 @@ def advance(
     lo = np.empty(dim, dtype=np.float32)
     hi = np.empty(dim, dtype=np.float32)
     ybuf = np.empty(dim, dtype=np.float32)
+    loi = np.empty(dim, dtype=np.int32)
+    hii = np.empty(dim, dtype=np.int32)
     threshold = cache_threshold(capacity, cmass.shape[2])
     vhigh = np.empty(dim)
     vlow = np.empty(dim)
@@ -1036,11 +1045,11 @@ def advance(
             if full:
                 _learn(q, dims, m, decay, meta, weight, spid, ssize, heavy, root, free_head,
                        cut_dim, cut_val, left, right, cslot, cbox, cmass, threshold, arena,
-                       offset, refcnt, path, stack, lo, hi, ybuf)
+                       offset, refcnt, path, stack, lo, hi, loi, hii, ybuf)
     return sink
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def rebuild_boxes(m: int, root: np.ndarray, left: np.ndarray, right: np.ndarray,
                   cslot: np.ndarray, cbox: np.ndarray, cmass: np.ndarray, spid: np.ndarray,
                   offset: np.ndarray, arena: np.ndarray) -> None:
@@ -1053,7 +1062,8 @@ def rebuild_boxes(m: int, root: np.ndarray, left: np.ndarray, right: np.ndarray,
     stack = np.empty(2 * capacity + 4, dtype=np.int64)
     lo = np.empty(dim, dtype=np.float32)
     hi = np.empty(dim, dtype=np.float32)
+    loi = np.empty(dim, dtype=np.int32)
+    hii = np.empty(dim, dtype=np.int32)
     for t in range(trees):
-        rebuild_tree_cache(root[m, t], left[m, t], right[m, t], cslot[m, t], cbox[m, t],
-                           cmass[m, t], spid[m, t // per_group], offset[m], arena[m],
-                           threshold, stack, lo, hi)
+        _rebuild_tree_cache(m, t, t // per_group, root, left, right, cslot, cbox, cmass, spid,
+                            offset, arena, threshold, stack, lo, hi, loi, hii)
