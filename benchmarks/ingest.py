@@ -20,6 +20,11 @@ What it measures, from outside the stages, so it works for any stage:
 * end-to-end latency (newest sample of a frame to its decode) from the decode stage;
 * CPU seconds per million metrics per stage from ``/proc/<pid>/stat`` (whole process tree),
   the broker's too, and the CPU the *rest* of the machine used meanwhile (it is shared);
+* for the aggregator also its own counters (``/metrics``, see :class:`CounterScraper`): an
+  event-time stage commits only offsets whose windows are all closed, so its committed
+  offsets trail by window + lateness (~30 s) and move in steps. Its ``metrics_per_s`` is
+  then what it consumed and rolled up (``committed_metrics_per_s`` keeps the other
+  reading), and ``position_lag_*_s`` how far behind the partitions' ends it reads;
 * the bottleneck: a stage whose lag grows, else the one using the most CPU per metric.
 
 Output: a table, ``benchmarks/results/ingest.json``, and one JSON object as the last line.
@@ -169,6 +174,54 @@ class RollupProbe:
                     if self.newest:  # the first one seen may be old: not a latency
                         self.latencies_s.append(now - newest)
                     self.newest = newest
+
+
+class CounterScraper:
+    """The aggregator members' own counters over time, scraped from their ``/metrics``.
+
+    Why: an event-time stage commits an offset only once every window it feeds is closed,
+    so its committed offsets trail the data by window + lateness and move in steps. What it
+    consumed and rolled up is its counter ``fleetpulse_aggregator_metrics_total``; how far
+    behind it reads is its gauge ``fleetpulse_aggregator_consumer_lag_messages``.
+    """
+
+    METRICS = "fleetpulse_aggregator_metrics_total"
+    LAG = 'fleetpulse_aggregator_consumer_lag_messages{stage="rack"}'
+
+    def __init__(self, errs: dict[str, list[str]], members: list[str], t0: float,
+                 interval: float = 2.0) -> None:
+        self.errs = errs
+        self.members = members
+        self.t0 = t0
+        self.interval = interval
+        self.metrics: dict[str, Series] = {m: Series() for m in members}
+        self.lag_msgs: dict[str, Series] = {m: Series() for m in members}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as http:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.interval)
+                for m in self.members:
+                    base = next((x.group(1) for line in self.errs.get(m, ())
+                                 if (x := _API_LINE.search(line))), None)
+                    if base is None:
+                        continue
+                    try:
+                        async with http.get(f"{base}/metrics",
+                                            timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                            text = await resp.text()
+                    except (aiohttp.ClientError, TimeoutError):
+                        continue  # a busy member answers late: a gap in the series
+                    now = time.monotonic() - self.t0
+                    for line in text.splitlines():
+                        name, _, value = line.rpartition(" ")
+                        if name == self.METRICS:
+                            self.metrics[m].add(now, float(value))
+                        elif name == self.LAG:
+                            self.lag_msgs[m].add(now, float(value))
 
 
 # ------------------------------------------------------------------ decode-only consumer
@@ -511,6 +564,8 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
                   "--ticks-per-frame", str(args.ticks_per_frame), "--progress", "0",
                   "--seed", str(args.seed), "--compression", args.compression]
     t_start = time.monotonic()
+    scraper = CounterScraper(errs, _members("aggregator", procs), t_start)
+    scraper_task = asyncio.create_task(scraper.run(probe_stop))
     await spawn("fleet", fleet_argv, {})
     fleet = procs["fleet"]
     cpu0["fleet"] = 0.0
@@ -586,16 +641,39 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
         for name, lines in errs.items():
             (args.logs / f"{name.replace('#', '-')}.stderr.log").write_text("\n".join(lines) + "\n")
     probe_stop.set()
-    if probe_task is not None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(probe_task, 10)
+    pollers: list[asyncio.Task[None] | None] = [probe_task, scraper_task]
+    for poller in pollers:
+        if poller is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(poller, 10)
     assert t_end is not None
     result = _report(args, stages, monitor, outputs, errs, t_end, drained_at, cpu0, cpu_end,
-                     broker0, broker_end, busy0, busy_end, load0, procs, probe, cpu_series)
+                     broker0, broker_end, busy0, busy_end, load0, procs, probe, cpu_series,
+                     scraper)
     for name, t in died_at.items():
         stage = name.split("#")[0]
         result["per_stage"][stage].setdefault("died_at_s", {})[name] = t
     return result
+
+
+def _own_counters(row: dict[str, Any], scraper: CounterScraper, members: list[str],
+                  steady: float, window: float, produced_rate: float,
+                  metrics_per_frame: float) -> None:
+    """Rate and read position of an event-time stage from its own counters (see
+    :class:`CounterScraper`); lag in messages becomes seconds at the produced frame rate."""
+    series = [scraper.metrics[m] for m in members if len(scraper.metrics[m].t) >= 2]
+    if len(series) != len(members):
+        return
+    row["consumed_metrics_per_s"] = round(sum(s.slope(steady, window) for s in series), 1)
+    frames_per_s = produced_rate / metrics_per_frame if metrics_per_frame else 0.0
+    lags = [scraper.lag_msgs[m] for m in members if scraper.lag_msgs[m].t]
+    if frames_per_s > 0 and lags:
+        grid = np.arange(0.0, window + 1e-9, 1.0)
+        total = sum(np.interp(grid, s.t, s.v) for s in lags) / frames_per_s
+        row["position_lag_max_s"] = round(float(np.max(total)), 2)
+        row["position_lag_final_s"] = round(float(total[-1]), 2)
+        row["position_lag_growth_s"] = round(float(np.interp(window, grid, total)
+                                                   - np.interp(steady, grid, total)), 2)
 
 
 def _member(stage: str, i: int) -> str:
@@ -622,7 +700,8 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
             broker0: float, broker_end: float, busy0: float, busy_end: float,
             load0: tuple[float, float, float],
             procs: dict[str, asyncio.subprocess.Process],
-            probe: RollupProbe | None, cpu_series: dict[str, Series]) -> dict[str, Any]:
+            probe: RollupProbe | None, cpu_series: dict[str, Series],
+            scraper: CounterScraper | None = None) -> dict[str, Any]:
     fleet = _last_json(outputs["fleet"])
     if not fleet:
         raise SystemExit("the fleet printed no summary:\n" + "\n".join(errs["fleet"][-30:]))
@@ -674,6 +753,13 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
                 "caught_up_after_load": bool(caught_up),
                 "cpu_s_per_million": cost(st.name, rate),
             })
+            if scraper is not None and st.name == "aggregator":
+                _own_counters(row, scraper, members, steady, window, produced_rate,
+                              metrics_per_frame)
+                if "consumed_metrics_per_s" in row:
+                    row["committed_metrics_per_s"] = row["metrics_per_s"]
+                    row["metrics_per_s"] = row["consumed_metrics_per_s"]
+                    row["cpu_s_per_million"] = cost(st.name, row["metrics_per_s"])
         said = [float(m.group(1).replace(",", "")) for n in members for line in errs[n]
                 if (m := _RATE.search(line))]
         if said:  # per member line; the stage's rate is the members' sum
@@ -698,8 +784,10 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
     lag_max = [r["lag_max_s"] for r in per_stage.values() if r.get("lag_max_s") is not None]
     lag_final = [r["lag_final_s"] for r in per_stage.values() if r.get("lag_final_s") is not None]
     # Bottleneck: a stage that fell behind, else the one spending the most CPU per metric.
-    behind = {n: r["lag_growth_s"] for n, r in per_stage.items()
-              if (r.get("lag_growth_s") or 0) > max(5.0, 0.05 * (window - steady))}
+    # (an event-time stage's read position, when it reports one, not its held-back commits)
+    growth = {n: r.get("position_lag_growth_s", r.get("lag_growth_s")) or 0.0
+              for n, r in per_stage.items()}
+    behind = {n: g for n, g in growth.items() if g > max(5.0, 0.05 * (window - steady))}
     fleet_cost = cost("fleet", produced_rate)
     broker_cost = cost("broker", produced_rate)
     if behind:
