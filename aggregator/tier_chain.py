@@ -194,6 +194,14 @@ def _fold_stored(acc: F64, have: npt.NDArray[np.bool_], first: int, offsets: I64
     return touched
 
 
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the fold kernels; see window_kernel.warm_up."""
+    ops = np.zeros(1, np.int8)
+    _fold_dense(np.zeros(1), np.zeros(1, bool), np.zeros(1, np.int64), np.ones(1), ops)
+    _fold_stored(np.zeros(1), np.zeros(1, bool), 0, np.asarray([0, 1]), np.zeros(1, np.int64),
+                 np.ones(1), ops, 0, 1)
+
+
 class _Acc:
     """One coarse window being accumulated."""
 

@@ -162,6 +162,7 @@ def warm_up() -> None:
     calls this before it joins.
     """
     from aggregator.step_kernels import sketch_quantiles, step_reduce
+    from aggregator.tier_chain import warm_up as warm_tiers
 
     f = np.zeros((1, 1, 2))
     i64 = np.zeros((1, 1, 2), np.int64)
@@ -178,3 +179,4 @@ def warm_up() -> None:
                 np.zeros((1, 2), np.int64), two, two)
     step_reduce(z, np.zeros(2), np.asarray([0, 2]), 0, 1, 1, 1, 0)
     sketch_quantiles(z, np.ones(2), np.asarray([0, 2]), 10, 0, 10, 10, 1, 0.5, np.zeros(3))
+    warm_tiers()
