@@ -319,3 +319,21 @@ def test_a_file_that_is_not_a_segment_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "raw" / "seg+00000000000000000000.fps").unlink()
     with _store(tmp_path) as st:  # the failed open released its lock
         assert st.series_ids("raw").size == 0
+
+
+def test_open_chunks_hold_only_what_is_in_them_and_coarse_tiers_seal_sooner(
+        tmp_path: Path) -> None:
+    """The head's memory follows its contents (an open chunk starts at 8 rows and doubles),
+    and a tier's own chunk size seals it sooner, e.g. a day of the 1 h tier."""
+    tiers = (*TIERS, TierSpec("1h", H, 400 * 24 * H, 30 * 24 * H, chunk_samples=24))
+    ids = np.arange(1000, dtype=np.int64)
+    with SeriesStore(StoreConfig(path=str(tmp_path), tiers=tiers, fsync=False)) as store:
+        for h in range(3):
+            store.append("1h", ids, [h * H], np.full((1, ids.size), float(h)))
+        (group,) = store._head["1h"].values()
+        assert group.values.shape == (8, ids.size)  # not 120 x 1000 floats for 3 points
+        for h in range(3, 30):
+            store.append("1h", ids, [h * H], np.full((1, ids.size), float(h)))
+        assert group.n == 30 - 24 and group.values.shape[0] <= 24  # one day sealed
+        got = store.read("1h", ids[:2], 0, 30 * H)
+        assert np.array_equal(got.series(1)[1], np.arange(30.0))

@@ -75,22 +75,33 @@ class TierSpec:
     """Segments whose whole span is older than this are deleted; 0 keeps forever."""
     segment_ms: int
     """Time span of one segment file, the unit of retention."""
+    chunk_samples: int | None = None
+    """At most this many samples per sealed chunk in this tier (a smaller
+    StoreConfig.chunk_samples wins; None: that one). The open chunk of every group lives
+    in memory as float64, so this bounds the head's memory: coarse tiers fill slowly, and
+    at 120 a 1 h tier would hold 5 days of every series in memory."""
 
     def validate(self) -> None:
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise StoreError(f"tier name {self.name!r} is not a plain directory name")
         if self.resolution_ms < 0 or self.retention_ms < 0 or self.segment_ms <= 0:
             raise StoreError(f"tier {self.name}: negative resolution/retention or empty span")
+        if self.chunk_samples is not None and not 2 <= self.chunk_samples <= 65_536:
+            raise StoreError(f"tier {self.name}: chunk_samples must be in [2, 65536]")
 
 
 DEFAULT_TIERS: Final[tuple[TierSpec, ...]] = (
     TierSpec("raw", 0, 12 * _HOUR, 2 * _HOUR),
     TierSpec("10s", 10_000, 7 * _DAY, 12 * _HOUR),
-    TierSpec("1m", 60_000, 35 * _DAY, 2 * _DAY),
-    TierSpec("1h", _HOUR, 400 * _DAY, 30 * _DAY),
-    TierSpec("1d", _DAY, 5 * 365 * _DAY, 365 * _DAY),
+    TierSpec("1m", 60_000, 35 * _DAY, 2 * _DAY, chunk_samples=60),
+    TierSpec("1h", _HOUR, 400 * _DAY, 30 * _DAY, chunk_samples=24),
+    TierSpec("1d", _DAY, 5 * 365 * _DAY, 365 * _DAY, chunk_samples=7),
 )
-"""Raw for hours, 10 s and 1 min for days, 1 h for months, 1 d for years (DESIGN.md)."""
+"""Raw for hours, 10 s and 1 min for days, 1 h for months, 1 d for years (DESIGN.md).
+Coarse chunks span an hour, a day and a week: few points each, but their open chunks stay
+small in memory (see TierSpec.chunk_samples)."""
+_HEAD_ROWS: Final = 8
+"""Rows an open chunk starts with; it doubles up to the tier's chunk size as it fills."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +200,12 @@ class _HeadGroup:
     seg_start: int = 0
     n: int = 0
     flushed: int = 0
+
+    def grow(self, rows: int) -> None:
+        """More rows for the open chunk (it starts small: memory follows what is in it)."""
+        ts, values = np.empty(rows, np.int64), np.empty((rows, self.values.shape[1]))
+        ts[:self.n], values[:self.n] = self.ts[:self.n], self.values[:self.n]
+        self.ts, self.values = ts, values
 
 
 class SeriesStore:
@@ -295,9 +312,9 @@ class SeriesStore:
         if group is None:
             if np.unique(ids).size != ids.size:
                 raise StoreError("series_ids of a group must be distinct")
-            cap = self.config.chunk_samples
-            group = _HeadGroup(gid, self._groups[tier].ids[gid], np.empty(cap, np.int64),
-                               np.empty((cap, ids.size)))
+            rows = min(_HEAD_ROWS, self._chunk(spec))
+            group = _HeadGroup(gid, self._groups[tier].ids[gid], np.empty(rows, np.int64),
+                               np.empty((rows, ids.size)))
             head[gid] = group
         newest = int(t.max())
         if newest > self._newest.get(tier, newest - 1):
@@ -305,7 +322,7 @@ class SeriesStore:
         seg_of = np.floor_divide(t, spec.segment_ms) * spec.segment_ms
         cuts = np.flatnonzero(np.diff(seg_of)) + 1
         bounds = [0, *cuts.tolist(), t.size]
-        cap = group.ts.size
+        cap = self._chunk(spec)
         for a, b in itertools.pairwise(bounds):
             seg = int(seg_of[a])
             if group.n and group.seg_start != seg:
@@ -313,13 +330,18 @@ class SeriesStore:
             group.seg_start = seg
             i = a
             while i < b:
-                m = min(cap - group.n, b - i)
+                if group.n == group.ts.size:
+                    group.grow(min(cap, 2 * group.ts.size))
+                m = min(group.ts.size - group.n, b - i)
                 group.ts[group.n:group.n + m] = t[i:i + m]
                 group.values[group.n:group.n + m] = v[i:i + m]
                 group.n += m
                 i += m
                 if group.n == cap:
                     self._seal(tier, spec, group)
+
+    def _chunk(self, spec: TierSpec) -> int:
+        return min(spec.chunk_samples or self.config.chunk_samples, self.config.chunk_samples)
 
     def _seal(self, tier: str, spec: TierSpec, group: _HeadGroup) -> None:
         if group.n:
