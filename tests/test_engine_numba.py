@@ -73,6 +73,8 @@ def cache_invariants(engine: NumbaEngine, m: int) -> int:
     st = engine._state
     per_group = st.root.shape[1] // st.spid.shape[1]
     dim = st.layout.dim
+    live = st.spid[m] >= 0
+    np.testing.assert_array_equal(st.soff[m][live], st.offset[m, st.spid[m][live]])
     used = 0
     for t in range(st.root.shape[1]):
         spid = st.spid[m, t // per_group]
@@ -113,7 +115,7 @@ def test_cached_boxes_stay_exact(entries: int) -> None:
         used = cache_invariants(engine, m)
         assert (used > 0) == (entries > 0)
         kernels.rebuild_boxes(m, st.root, st.left, st.right, st.cslot, st.cbox, st.cmass,
-                              st.spid, st.offset, st.arena)
+                              st.spid, st.offset, st.soff, st.arena)
         assert cache_invariants(engine, m) >= min(used, 1)
 
 
@@ -132,6 +134,7 @@ def test_point_store_shares_shingles_and_compacts() -> None:
         # Checkpointing compacts: overlapping shingles store fewer floats than points * D.
         engine.checkpoint(m)
         assert int(st.meta[m, kernels.META_ARENA_END]) < live * dim
+        cache_invariants(engine, m)  # slot offsets follow the points as they move
     assert st.arena_cap > 2 * (cfg.sample_size + 2) * dim  # grew past its first size
     assert engine.model_bytes(0) >= st.arena_cap * 4
 

@@ -101,7 +101,7 @@ def cache_threshold(sample_size: int, entries: int) -> int:
 _SCORE_MATH = {"nsz", "reassoc", "contract", "arcp"}
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _count_upto(node: int, limit: int, m: int, t: int, left: np.ndarray, right: np.ndarray,
                 cslot: np.ndarray, cmass: np.ndarray, stack: np.ndarray) -> int:
     """Leaves under ``node``, counted until ``limit`` is reached."""
@@ -124,10 +124,10 @@ def _count_upto(node: int, limit: int, m: int, t: int, left: np.ndarray, right: 
     return count
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _compute_entry(c: int, node: int, m: int, t: int, g: int, left: np.ndarray,
                    right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray, cmass: np.ndarray,
-                   spid: np.ndarray, offset: np.ndarray, arena: np.ndarray,
+                   spid: np.ndarray, offset: np.ndarray, soff: np.ndarray, arena: np.ndarray,
                    stack: np.ndarray, lo: np.ndarray, hi: np.ndarray, loi: np.ndarray,
                    hii: np.ndarray) -> None:
     """Recompute cache entry c of tree t as the box and leaf count of internal ``node``
@@ -152,8 +152,8 @@ def _compute_entry(c: int, node: int, m: int, t: int, g: int, left: np.ndarray,
                     du = np.uint64(d)
                     sl = np.int32(cbox[m, t, ku, 0, du])
                     sh = np.int32(cbox[m, t, ku, 1, du])
-                    a = arena[m, np.uint64(offset[m, np.uint64(spid[m, g, sl])]) + du]
-                    b = arena[m, np.uint64(offset[m, np.uint64(spid[m, g, sh])]) + du]
+                    a = arena[m, np.uint64(soff[m, g, sl]) + du]
+                    b = arena[m, np.uint64(soff[m, g, sh]) + du]
                     lt = a < lo[d]
                     lo[d] = a if lt else lo[d]
                     loi[d] = sl if lt else loi[d]
@@ -167,7 +167,7 @@ def _compute_entry(c: int, node: int, m: int, t: int, g: int, left: np.ndarray,
         else:
             mass += 1
             s = np.int32(-n - 2)
-            off = np.uint64(offset[m, np.uint64(spid[m, g, s])])
+            off = np.uint64(soff[m, g, s])
             for d in range(dim):
                 v = arena[m, off + np.uint64(d)]
                 lt = v < lo[d]
@@ -197,13 +197,13 @@ def _descend(q: np.ndarray, m: int, t: int, root: np.ndarray, cut_dim: np.ndarra
             node = np.int64(left[m, t, node])
         else:
             node = np.int64(right[m, t, node])
-    return node, depth
+    return int(node), depth
 
 
 @njit(cache=True, error_model="numpy")
 def _rebuild_tree_cache(m: int, t: int, g: int, root: np.ndarray, left: np.ndarray,
                         right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray,
-                        cmass: np.ndarray, spid: np.ndarray, offset: np.ndarray,
+                        cmass: np.ndarray, spid: np.ndarray, offset: np.ndarray, soff: np.ndarray,
                         arena: np.ndarray, threshold: int, stack: np.ndarray, lo: np.ndarray,
                         hi: np.ndarray, loi: np.ndarray, hii: np.ndarray) -> None:
     """Fill tree t's cache from scratch: the largest subtrees first (breadth first from
@@ -247,7 +247,7 @@ def _rebuild_tree_cache(m: int, t: int, g: int, root: np.ndarray, left: np.ndarr
             used += 1
     for c in range(used - 1, -1, -1):
         _compute_entry(c, chosen[c], m, t, g, left, right, cslot, cbox, cmass, spid, offset,
-                       arena, stack, lo, hi, loi, hii)
+                       soff, arena, stack, lo, hi, loi, hii)
 
 
 @njit(cache=True, error_model="numpy")
@@ -261,7 +261,7 @@ def _splitmix_uniform(state: np.int64) -> tuple[np.int64, float]:
     return np.int64(x), (float(z >> np.uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _insert_into_trees(
     q: np.ndarray,
     slot: int,
@@ -280,7 +280,7 @@ def _insert_into_trees(
     cbox: np.ndarray,
     cmass: np.ndarray,
     spid: np.ndarray,
-    offset: np.ndarray,
+    offset: np.ndarray, soff: np.ndarray,
     arena: np.ndarray,
     meta: np.ndarray,
     path: np.ndarray,
@@ -309,7 +309,7 @@ def _insert_into_trees(
             else:
                 node = np.int64(right[m, t, node])
         leaf = node
-        off = np.uint64(offset[m, np.uint64(spid[m, g, np.uint64(-leaf - 2)])])
+        off = np.uint64(soff[m, g, np.uint64(-leaf - 2)])
         for d in range(dim):
             v = arena[m, off + np.uint64(d)]
             lo[d] = v
@@ -369,10 +369,10 @@ def _insert_into_trees(
                 cu = np.uint64(c)
                 for d in range(dim):
                     du = np.uint64(d)
-                    sl = spid[m, g, np.uint64(cbox[m, t, cu, 0, du])]
-                    sh = spid[m, g, np.uint64(cbox[m, t, cu, 1, du])]
-                    lo[d] = arena[m, np.uint64(offset[m, np.uint64(sl)]) + du]
-                    hi[d] = arena[m, np.uint64(offset[m, np.uint64(sh)]) + du]
+                    sl = soff[m, g, np.uint64(cbox[m, t, cu, 0, du])]
+                    sh = soff[m, g, np.uint64(cbox[m, t, cu, 1, du])]
+                    lo[d] = arena[m, np.uint64(sl) + du]
+                    hi[d] = arena[m, np.uint64(sh) + du]
             else:
                 if left[m, t, parent] == cur:
                     sibling = np.int64(right[m, t, parent])
@@ -389,10 +389,10 @@ def _insert_into_trees(
                             ku = np.uint64(k)
                             for d in range(dim):
                                 du = np.uint64(d)
-                                sl = spid[m, g, np.uint64(cbox[m, t, ku, 0, du])]
-                                sh = spid[m, g, np.uint64(cbox[m, t, ku, 1, du])]
-                                a = arena[m, np.uint64(offset[m, np.uint64(sl)]) + du]
-                                b = arena[m, np.uint64(offset[m, np.uint64(sh)]) + du]
+                                sl = soff[m, g, np.uint64(cbox[m, t, ku, 0, du])]
+                                sh = soff[m, g, np.uint64(cbox[m, t, ku, 1, du])]
+                                a = arena[m, np.uint64(sl) + du]
+                                b = arena[m, np.uint64(sh) + du]
                                 lo[d] = a if a < lo[d] else lo[d]
                                 hi[d] = b if b > hi[d] else hi[d]
                         else:
@@ -400,8 +400,7 @@ def _insert_into_trees(
                             stack[top + 1] = right[m, t, n]
                             top += 2
                     else:
-                        lpid = spid[m, g, np.uint64(-n - 2)]
-                        loff = np.uint64(offset[m, np.uint64(lpid)])
+                        loff = np.uint64(soff[m, g, np.uint64(-n - 2)])
                         for d in range(dim):
                             v = arena[m, loff + np.uint64(d)]
                             lo[d] = v if v < lo[d] else lo[d]
@@ -429,7 +428,7 @@ def _insert_into_trees(
         if cmass.shape[2] == 0:
             continue
         # Every cached ancestor of the new node gained the point.
-        candidate = np.int64(node)
+        candidate = int(node)
         for level in range(saved_level, -1, -1):
             a = path[level]
             c = cslot[m, t, a]
@@ -440,11 +439,11 @@ def _insert_into_trees(
             cu = np.uint64(c)
             for d in range(dim):
                 du = np.uint64(d)
-                sl = spid[m, g, np.uint64(cbox[m, t, cu, 0, du])]
-                sh = spid[m, g, np.uint64(cbox[m, t, cu, 1, du])]
-                if q[d] < arena[m, np.uint64(offset[m, np.uint64(sl)]) + du]:
+                sl = soff[m, g, np.uint64(cbox[m, t, cu, 0, du])]
+                sh = soff[m, g, np.uint64(cbox[m, t, cu, 1, du])]
+                if q[d] < arena[m, np.uint64(sl) + du]:
                     cbox[m, t, cu, 0, du] = slot
-                if q[d] > arena[m, np.uint64(offset[m, np.uint64(sh)]) + du]:
+                if q[d] > arena[m, np.uint64(sh) + du]:
                     cbox[m, t, cu, 1, du] = slot
         # The highest uncached node on the way (the one with the most leaves) may have
         # grown into the cache.
@@ -457,11 +456,11 @@ def _insert_into_trees(
                                      stack) >= threshold:
             cslot[m, t, candidate] = free
             _compute_entry(free, candidate, m, t, g, left, right, cslot, cbox, cmass, spid,
-                           offset, arena, stack, lo, hi, loi, hii)
+                           offset, soff, arena, stack, lo, hi, loi, hii)
     meta[m, META_RNG] = rng
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", _nrt=False)
 def _delete_from_trees(
     y: np.ndarray,
     slot: int,
@@ -481,7 +480,7 @@ def _delete_from_trees(
     cbox: np.ndarray,
     cmass: np.ndarray,
     spid: np.ndarray,
-    offset: np.ndarray,
+    offset: np.ndarray, soff: np.ndarray,
     arena: np.ndarray,
     path: np.ndarray,
     stack: np.ndarray,
@@ -565,13 +564,14 @@ def _delete_from_trees(
                         named = True
             if named:
                 _compute_entry(c, a, m, t, g, left, right, cslot, cbox, cmass, spid, offset,
-                               arena, stack, lo, hi, loi, hii)
+                               soff, arena, stack, lo, hi, loi, hii)
 
 
 @njit(cache=True, error_model="numpy")
 def compact_arena(m: int, arena: np.ndarray, offset: np.ndarray, refcnt: np.ndarray,
-                  meta: np.ndarray, dim: int) -> None:
-    """Move live points to the front of model m's arena, keeping shared shingle overlaps."""
+                  meta: np.ndarray, dim: int, spid: np.ndarray, soff: np.ndarray) -> None:
+    """Move live points to the front of model m's arena, keeping shared shingle overlaps
+    (and the sampler slots' copies of their offsets in step)."""
     npid = offset.shape[1]
     live = np.empty(npid, dtype=np.int64)
     count = 0
@@ -598,11 +598,24 @@ def compact_arena(m: int, arena: np.ndarray, offset: np.ndarray, refcnt: np.ndar
         prev_old = old
         prev_new = new
     meta[m, META_ARENA_END] = write
+    refresh_slot_offsets(m, spid, offset, soff)
+
+
+@njit(cache=True, error_model="numpy")
+def refresh_slot_offsets(m: int, spid: np.ndarray, offset: np.ndarray,
+                         soff: np.ndarray) -> None:
+    """``soff[m, g, s]``: arena offset of the point in sampler slot s (one indirection less
+    for every box kernel; derived from ``spid`` and ``offset``)."""
+    for g in range(spid.shape[1]):
+        for s in range(spid.shape[2]):
+            pid = spid[m, g, s]
+            soff[m, g, s] = offset[m, pid] if pid >= 0 else 0
 
 
 @njit(cache=True, error_model="numpy")
 def _store_point(q: np.ndarray, shift: int, m: int, arena: np.ndarray, offset: np.ndarray,
-                 refcnt: np.ndarray, meta: np.ndarray) -> int:
+                 refcnt: np.ndarray, meta: np.ndarray, spid: np.ndarray,
+                 soff: np.ndarray) -> int:
     """Store the current shingle ``q``; returns its point id (reference count 0)."""
     dim = q.shape[0]
     pid = meta[m, META_FREE_PID]
@@ -625,7 +638,7 @@ def _store_point(q: np.ndarray, shift: int, m: int, arena: np.ndarray, offset: n
     else:
         if end + dim > cap:
             # ``pid`` has no references yet, so compaction leaves it alone.
-            compact_arena(m, arena, offset, refcnt, meta, dim)
+            compact_arena(m, arena, offset, refcnt, meta, dim, spid, soff)
             end = meta[m, META_ARENA_END]
         start = end
         for j in range(dim):
@@ -681,6 +694,7 @@ def _learn(
     threshold: int,
     arena: np.ndarray,
     offset: np.ndarray,
+    soff: np.ndarray,
     refcnt: np.ndarray,
     path: np.ndarray,
     stack: np.ndarray,
@@ -739,7 +753,7 @@ def _learn(
                 ybuf[d] = arena[m, old_off + d]
             _delete_from_trees(ybuf, slot, replacement, m, g, t0, t0 + per_group, threshold,
                                root, free_head, cut_dim, cut_val, left, right, cslot, cbox,
-                               cmass, spid, offset, arena, path, stack, lo, hi, loi, hii)
+                               cmass, spid, offset, soff, arena, path, stack, lo, hi, loi, hii)
             spid[m, g, slot] = -1
             _release_point(old_pid, m, offset, refcnt, meta)
         # Duplicate of a point already in this group's sample? (All its trees agree.)
@@ -757,16 +771,17 @@ def _learn(
             pid = dup_pid
         else:
             if new_pid < 0:
-                new_pid = _store_point(q, shift, m, arena, offset, refcnt, meta)
+                new_pid = _store_point(q, shift, m, arena, offset, refcnt, meta, spid, soff)
             pid = new_pid
         spid[m, g, slot] = pid
+        soff[m, g, slot] = offset[m, pid]
         weight[m, g, slot] = w
         heavy[m, g] = _heaviest(weight[m, g], ssize[m, g])
         refcnt[m, pid] += 1
         if dup_pid < 0:
             _insert_into_trees(q, slot, m, g, t0, t0 + per_group, threshold, root, free_head,
                                cut_dim, cut_val, left, right, cslot, cbox, cmass, spid, offset,
-                               arena, meta, path, stack, lo, hi, loi, hii)
+                               soff, arena, meta, path, stack, lo, hi, loi, hii)
     meta[m, META_SEQ] = seq + 1
 
 
@@ -801,11 +816,11 @@ def _stream_in(cut_dim_m: np.ndarray, cut_val_m: np.ndarray, left_m: np.ndarray,
     return acc
 
 
-@njit(cache=True, error_model="numpy", fastmath=_SCORE_MATH)
+@njit(cache=True, error_model="numpy", fastmath=_SCORE_MATH, _nrt=False)
 def _score_forest(
     q: np.ndarray, m: int, attribute: bool, root: np.ndarray, cut_dim: np.ndarray,
     cut_val: np.ndarray, left: np.ndarray, right: np.ndarray, cslot: np.ndarray,
-    cbox: np.ndarray, spid: np.ndarray, ssize: np.ndarray, offset: np.ndarray,
+    cbox: np.ndarray, spid: np.ndarray, ssize: np.ndarray, offset: np.ndarray, soff: np.ndarray,
     arena: np.ndarray, path: np.ndarray, stack: np.ndarray, lo: np.ndarray, hi: np.ndarray,
     ghigh: np.ndarray, glow: np.ndarray, vhigh: np.ndarray, vlow: np.ndarray,
     high_i: np.ndarray, low_i: np.ndarray,
@@ -844,7 +859,7 @@ def _score_forest(
                     node = np.int64(right[m, t, node])
             leaf = node
             pid = spid[m, g, np.uint64(-leaf - 2)]
-            off = np.uint64(offset[m, pid])
+            off = np.uint64(soff[m, g, np.uint64(-leaf - 2)])
             equal = True
             for d in range(dim):
                 if arena[m, off + np.uint64(d)] != q[d]:
@@ -887,10 +902,10 @@ def _score_forest(
                     cu = np.uint64(c)
                     for d in range(dim):
                         du = np.uint64(d)
-                        sl = spid[m, g, np.uint64(cbox[m, t, cu, 0, du])]
-                        sh = spid[m, g, np.uint64(cbox[m, t, cu, 1, du])]
-                        lo[d] = arena[m, np.uint64(offset[m, np.uint64(sl)]) + du]
-                        hi[d] = arena[m, np.uint64(offset[m, np.uint64(sh)]) + du]
+                        sl = soff[m, g, np.uint64(cbox[m, t, cu, 0, du])]
+                        sh = soff[m, g, np.uint64(cbox[m, t, cu, 1, du])]
+                        lo[d] = arena[m, np.uint64(sl) + du]
+                        hi[d] = arena[m, np.uint64(sh) + du]
                 else:
                     if left[m, t, node] == child:
                         sibling = np.int64(right[m, t, node])
@@ -907,10 +922,10 @@ def _score_forest(
                                 ku = np.uint64(k)
                                 for d in range(dim):
                                     du = np.uint64(d)
-                                    sl = spid[m, g, np.uint64(cbox[m, t, ku, 0, du])]
-                                    sh = spid[m, g, np.uint64(cbox[m, t, ku, 1, du])]
-                                    a = arena[m, np.uint64(offset[m, np.uint64(sl)]) + du]
-                                    b = arena[m, np.uint64(offset[m, np.uint64(sh)]) + du]
+                                    sl = soff[m, g, np.uint64(cbox[m, t, ku, 0, du])]
+                                    sh = soff[m, g, np.uint64(cbox[m, t, ku, 1, du])]
+                                    a = arena[m, np.uint64(sl) + du]
+                                    b = arena[m, np.uint64(sh) + du]
                                     lo[d] = a if a < lo[d] else lo[d]
                                     hi[d] = b if b > hi[d] else hi[d]
                             else:
@@ -918,8 +933,7 @@ def _score_forest(
                                 stack[top + 1] = right[m, t, n]
                                 top += 2
                         else:
-                            lpid = spid[m, g, np.uint64(-n - 2)]
-                            loff = np.uint64(offset[m, np.uint64(lpid)])
+                            loff = np.uint64(soff[m, g, np.uint64(-n - 2)])
                             for d in range(dim):
                                 v = arena[m, loff + np.uint64(d)]
                                 lo[d] = v if v < lo[d] else lo[d]
@@ -986,6 +1000,7 @@ def advance(
     cmass: np.ndarray,
     arena: np.ndarray,
     offset: np.ndarray,
+    soff: np.ndarray,
     refcnt: np.ndarray,
     scores: np.ndarray,
     high: np.ndarray,
@@ -1032,11 +1047,11 @@ def advance(
             # Score first without attribution; only a row above its limit (an anomaly,
             # rare) takes the second pass that also fills the DiVector.
             scores[i] = _score_forest(q, m, False, root, cut_dim, cut_val, left, right, cslot,
-                                      cbox, spid, ssize, offset, arena, path, stack, lo, hi,
+                                      cbox, spid, ssize, offset, soff, arena, path, stack, lo, hi,
                                       ghigh, glow, vhigh, vlow, high[i], low[i])
             if scores[i] > attribute_above[i]:
                 _score_forest(q, m, True, root, cut_dim, cut_val, left, right, cslot, cbox,
-                              spid, ssize, offset, arena, path, stack, lo, hi, ghigh, glow,
+                              spid, ssize, offset, soff, arena, path, stack, lo, hi, ghigh, glow,
                               vhigh, vlow, high[i], low[i])
         if learn:
             for d in range(dim):
@@ -1045,15 +1060,16 @@ def advance(
             if full:
                 _learn(q, dims, m, decay, meta, weight, spid, ssize, heavy, root, free_head,
                        cut_dim, cut_val, left, right, cslot, cbox, cmass, threshold, arena,
-                       offset, refcnt, path, stack, lo, hi, loi, hii, ybuf)
+                       offset, soff, refcnt, path, stack, lo, hi, loi, hii, ybuf)
     return sink
 
 
 @njit(cache=True, error_model="numpy")
 def rebuild_boxes(m: int, root: np.ndarray, left: np.ndarray, right: np.ndarray,
                   cslot: np.ndarray, cbox: np.ndarray, cmass: np.ndarray, spid: np.ndarray,
-                  offset: np.ndarray, arena: np.ndarray) -> None:
-    """Refill model m's box cache (derived state: not checkpointed)."""
+                  offset: np.ndarray, soff: np.ndarray, arena: np.ndarray) -> None:
+    """Refill model m's slot offsets and box cache (derived state: not checkpointed)."""
+    refresh_slot_offsets(m, spid, offset, soff)
     trees = root.shape[1]
     per_group = trees // spid.shape[1]
     capacity = spid.shape[2]
@@ -1066,4 +1082,4 @@ def rebuild_boxes(m: int, root: np.ndarray, left: np.ndarray, right: np.ndarray,
     hii = np.empty(dim, dtype=np.int32)
     for t in range(trees):
         _rebuild_tree_cache(m, t, t // per_group, root, left, right, cslot, cbox, cmass, spid,
-                            offset, arena, threshold, stack, lo, hi, loi, hii)
+                            offset, soff, arena, threshold, stack, lo, hi, loi, hii)

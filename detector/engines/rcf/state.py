@@ -39,8 +39,9 @@ _DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.uint16): 2, np.dtype(np.int16
 # Per-model arrays in checkpoint order (the arena is handled separately).
 _FIELDS = ("meta", "shingle_buf", "weight", "spid", "ssize", "heavy", "root", "free_head",
            "cut_dim", "cut_val", "left", "right", "offset", "refcnt")
-# The box cache: derived from the fields above, never checkpointed.
-_CACHE = ("cslot", "cbox", "cmass")
+# Derived from the fields above, never checkpointed: each sampler slot's arena offset and
+# the box cache.
+_CACHE = ("soff", "cslot", "cbox", "cmass")
 
 
 @dataclass
@@ -52,6 +53,7 @@ class _Layout:
     child: np.dtype
     pid: np.dtype
     box_index: np.dtype
+    arena_offset: np.dtype
 
 
 DEFAULT_SAMPLE_GROUPS = 2
@@ -83,6 +85,8 @@ def _layout(config: EngineConfig) -> _Layout:
         child=np.dtype(np.int16 if 2 * config.sample_size + 4 < 2**15 else np.int32),
         pid=np.dtype(np.int16 if pids < 2**15 else np.int32),
         box_index=np.dtype(np.uint8 if config.sample_size <= 256 else np.uint16),
+        # The arena never grows past (pids + 1) * dim floats (see _grow_arena).
+        arena_offset=np.dtype(np.uint16 if (pids + 1) * dim <= 2**16 else np.int32),
     )
 
 
@@ -102,6 +106,7 @@ class ForestArrays:
     cut_val: npt.NDArray[np.float32]
     left: npt.NDArray[np.integer]
     right: npt.NDArray[np.integer]
+    soff: npt.NDArray[np.integer]
     cslot: npt.NDArray[np.uint8]
     cbox: npt.NDArray[np.integer]
     cmass: npt.NDArray[np.uint16]
@@ -154,6 +159,7 @@ class ForestArrays:
             "cut_val": ((t, s - 1), np.dtype(np.float32)),
             "left": ((t, s - 1), lay.child),
             "right": ((t, s - 1), lay.child),
+            "soff": ((g, s), lay.arena_offset),
             "cslot": ((t, s - 1), np.dtype(np.uint8)),
             "cbox": ((t, self.cache_entries, 2, lay.dim), lay.box_index),
             "cmass": ((t, self.cache_entries), np.dtype(np.uint16)),
@@ -202,6 +208,7 @@ class ForestArrays:
         chain[-1] = -1
         self.left[m] = chain.astype(self.layout.child)
         self.right[m] = -1
+        self.soff[m] = 0
         self.cslot[m] = kernels.NO_ENTRY
         self.cbox[m] = 0
         self.cmass[m] = 0
@@ -230,7 +237,8 @@ class ForestArrays:
         """The state arrays in the order ``kernels.advance`` takes them."""
         return (self.meta, self.shingle_buf, self.weight, self.spid, self.ssize, self.heavy,
                 self.root, self.free_head, self.cut_dim, self.cut_val, self.left, self.right,
-                self.cslot, self.cbox, self.cmass, self.arena, self.offset, self.refcnt)
+                self.cslot, self.cbox, self.cmass, self.arena, self.offset, self.soff,
+                self.refcnt)
 
     def model_bytes(self) -> int:
         """Bytes one model holds in these arrays (its arena row at full capacity)."""
@@ -246,7 +254,7 @@ class ForestArrays:
     def checkpoint(self, m: int) -> bytes:
         # Compacting changes only where points sit in the arena, never a score.
         kernels.compact_arena(m, self.arena, self.offset, self.refcnt, self.meta,
-                              self.layout.dim)
+                              self.layout.dim, self.spid, self.soff)
         end = int(self.meta[m, kernels.META_ARENA_END])
         lay = self.layout
         parts = [np.ascontiguousarray(getattr(self, name)[m]).astype(
@@ -308,7 +316,7 @@ class ForestArrays:
         self.arena[m] = 0.0
         self.arena[m, :arena_floats] = arena
         kernels.rebuild_boxes(m, self.root, self.left, self.right, self.cslot, self.cbox,
-                              self.cmass, self.spid, self.offset, self.arena)
+                              self.cmass, self.spid, self.offset, self.soff, self.arena)
 
 
 def _check_ranges(arrays: dict[str, npt.NDArray], config: EngineConfig, lay: _Layout,
