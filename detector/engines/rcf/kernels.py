@@ -101,7 +101,7 @@ def cache_threshold(sample_size: int, entries: int) -> int:
 _SCORE_MATH = {"nsz", "reassoc", "contract", "arcp"}
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@njit(cache=True, error_model="numpy")
 def _count_upto(node: int, limit: int, m: int, t: int, left: np.ndarray, right: np.ndarray,
                 cslot: np.ndarray, cmass: np.ndarray, stack: np.ndarray) -> int:
     """Leaves under ``node``, counted until ``limit`` is reached."""
@@ -124,7 +124,7 @@ def _count_upto(node: int, limit: int, m: int, t: int, left: np.ndarray, right: 
     return count
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@njit(cache=True, error_model="numpy")
 def _compute_entry(c: int, node: int, m: int, t: int, g: int, left: np.ndarray,
                    right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray, cmass: np.ndarray,
                    spid: np.ndarray, offset: np.ndarray, soff: np.ndarray, arena: np.ndarray,
@@ -261,7 +261,7 @@ def _splitmix_uniform(state: np.int64) -> tuple[np.int64, float]:
     return np.int64(x), (float(z >> np.uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@njit(cache=True, error_model="numpy")
 def _insert_into_trees(
     q: np.ndarray,
     slot: int,
@@ -460,7 +460,7 @@ def _insert_into_trees(
     meta[m, META_RNG] = rng
 
 
-@njit(cache=True, error_model="numpy", _nrt=False)
+@njit(cache=True, error_model="numpy")
 def _delete_from_trees(
     y: np.ndarray,
     slot: int,
@@ -816,7 +816,7 @@ def _stream_in(cut_dim_m: np.ndarray, cut_val_m: np.ndarray, left_m: np.ndarray,
     return acc
 
 
-@njit(cache=True, error_model="numpy", fastmath=_SCORE_MATH, _nrt=False)
+@njit(cache=True, error_model="numpy", fastmath=_SCORE_MATH)
 def _score_forest(
     q: np.ndarray, m: int, attribute: bool, root: np.ndarray, cut_dim: np.ndarray,
     cut_val: np.ndarray, left: np.ndarray, right: np.ndarray, cslot: np.ndarray,
