@@ -320,6 +320,7 @@ def _insert_into_trees(
         saved_level = level
         saved_dim = -1
         saved_val = np.float32(0.0)
+        inside = -1
         while True:
             # AWS's randomCut: a dimension chosen in proportion to the range of box U {q},
             # a value uniform in it (kept in [min, max) so both sides are non-empty).
@@ -362,6 +363,8 @@ def _insert_into_trees(
                     contains = False
                     break
             if contains or level < 0:
+                # Boxes of path[0 .. inside] contain q (they hold box(cur)).
+                inside = level + 1 if contains else -1
                 break
             parent = path[level]
             c = cslot[m, t, parent]
@@ -427,7 +430,8 @@ def _insert_into_trees(
                 right[m, t, parent] = node
         if cmass.shape[2] == 0:
             continue
-        # Every cached ancestor of the new node gained the point.
+        # Every cached ancestor of the new node gained the point; the boxes of those the
+        # walk found to contain it stay as they are.
         candidate = int(node)
         for level in range(saved_level, -1, -1):
             a = path[level]
@@ -436,6 +440,8 @@ def _insert_into_trees(
                 candidate = a
                 continue
             cmass[m, t, c] += 1
+            if level <= inside:
+                continue
             cu = np.uint64(c)
             for d in range(dim):
                 du = np.uint64(d)
