@@ -96,9 +96,11 @@ def cache_threshold(sample_size: int, entries: int) -> int:
 
 
 # Reassociating sums lets LLVM vectorise them; in scoring that moves a score by rounding
-# only (no kernel that grows trees uses it, so trees grow exactly as without it). No
-# finite-math flags: boxes start at +-inf.
+# only. No finite-math flags: boxes start at +-inf.
 _SCORE_MATH = {"nsz", "reassoc", "contract", "arcp"}
+# Insertion reassociates only the sum of box widths a random cut is drawn from, which moves
+# a cut by rounding only.
+_SUM_MATH = {"reassoc"}
 
 
 @njit(cache=True, error_model="numpy")
@@ -261,7 +263,7 @@ def _splitmix_uniform(state: np.int64) -> tuple[np.int64, float]:
     return np.int64(x), (float(z >> np.uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", fastmath=_SUM_MATH)
 def _insert_into_trees(
     q: np.ndarray,
     slot: int,
@@ -289,6 +291,7 @@ def _insert_into_trees(
     hi: np.ndarray,
     loi: np.ndarray,
     hii: np.ndarray,
+    wid: np.ndarray,
 ) -> None:
     """Insert sampler slot ``slot`` (whose point is ``q``, not a duplicate) into trees
     t0 .. t1-1 of group g. Loops written out for the reason given at ``_score_forest``."""
@@ -327,20 +330,20 @@ def _insert_into_trees(
             rng, factor = _splitmix_uniform(rng)
             span = 0.0
             for d in range(dim):
-                mn = min(lo[d], q[d])
-                mx = max(hi[d], q[d])
-                span += float(mx) - float(mn)
+                width = float(max(hi[d], q[d])) - float(min(lo[d], q[d]))
+                wid[d] = width
+                span += width
             brk = factor * span
             cdim = -1
             last = -1
             cval = np.float32(0.0)
             for d in range(dim):
-                mn = min(lo[d], q[d])
-                mx = max(hi[d], q[d])
-                width = float(mx) - float(mn)
+                width = wid[d]
                 if width > 0.0:
                     last = d
                     if brk <= width:
+                        mn = min(lo[d], q[d])
+                        mx = max(hi[d], q[d])
                         cval = np.float32(float(mn) + brk)
                         if cval >= mx:
                             cval = np.float32(np.nextafter(mx, mn))
@@ -708,6 +711,7 @@ def _learn(
     hi: np.ndarray,
     loi: np.ndarray,
     hii: np.ndarray,
+    wid: np.ndarray,
     ybuf: np.ndarray,
 ) -> None:
     """Offer the shingled point ``q`` to every sampler of model m and update its trees."""
@@ -787,7 +791,7 @@ def _learn(
         if dup_pid < 0:
             _insert_into_trees(q, slot, m, g, t0, t0 + per_group, threshold, root, free_head,
                                cut_dim, cut_val, left, right, cslot, cbox, cmass, spid, offset,
-                               soff, arena, meta, path, stack, lo, hi, loi, hii)
+                               soff, arena, meta, path, stack, lo, hi, loi, hii, wid)
     meta[m, META_SEQ] = seq + 1
 
 
@@ -1029,6 +1033,7 @@ def advance(
     ybuf = np.empty(dim, dtype=np.float32)
     loi = np.empty(dim, dtype=np.int32)
     hii = np.empty(dim, dtype=np.int32)
+    wid = np.empty(dim)
     threshold = cache_threshold(capacity, cmass.shape[2])
     vhigh = np.empty(dim)
     vlow = np.empty(dim)
@@ -1066,7 +1071,7 @@ def advance(
             if full:
                 _learn(q, dims, m, decay, meta, weight, spid, ssize, heavy, root, free_head,
                        cut_dim, cut_val, left, right, cslot, cbox, cmass, threshold, arena,
-                       offset, soff, refcnt, path, stack, lo, hi, loi, hii, ybuf)
+                       offset, soff, refcnt, path, stack, lo, hi, loi, hii, wid, ybuf)
     return sink
 
 
