@@ -100,16 +100,27 @@ def _fmt(v: float) -> str:
     return _SPECIAL.get(s, s)
 
 
-def _matrix(res: SeriesResult, start_ms: int, step_ms: int) -> list[dict[str, Any]]:
+def _label_json(res: SeriesResult) -> list[bytes]:
+    return res.label_json if res.label_json is not None else [orjson.dumps(x) for x in res.labels]
+
+
+def _result(result_type: str, items: list[bytes]) -> web.Response:
+    """The success envelope around pre-serialised result items (no dict per series)."""
+    body = b"".join((b'{"status":"success","data":{"resultType":"', result_type.encode(),
+                     b'","result":[', b",".join(items), b"]}}"))
+    return web.Response(body=body, content_type="application/json")
+
+
+def _matrix(res: SeriesResult, start_ms: int, step_ms: int) -> list[bytes]:
     out = []
     times = (start_ms + step_ms * np.arange(res.values.shape[1])) / 1000.0
-    for lab, row in zip(res.labels, res.values, strict=True):
+    for lab, row in zip(_label_json(res), res.values, strict=True):
         ok = ~np.isnan(row)
         if not ok.any():
             continue
-        out.append({"metric": lab, "values": [[t, _fmt(v)] for t, v in
-                                              zip(times[ok].tolist(), row[ok].tolist(),
-                                                  strict=True)]})
+        values = orjson.dumps([[t, _fmt(v)] for t, v in zip(times[ok].tolist(),
+                                                             row[ok].tolist(), strict=True)])
+        out.append(b'{"metric":' + lab + b',"values":' + values + b"}")
     return out
 
 
@@ -159,7 +170,7 @@ async def _query_range(request: web.Request, engine: QueryEngine,
     end = parse_time(_one(params, "end"), "end")
     step = parse_duration(_one(params, "step"), "step")
     res = engine.query_range(query, start, end, step, params.get("resolution", [None])[-1])
-    return _ok({"resultType": "matrix", "result": _matrix(res, start, step)})
+    return _result("matrix", _matrix(res, start, step))
 
 
 async def _query(request: web.Request, engine: QueryEngine,
@@ -171,9 +182,11 @@ async def _query(request: web.Request, engine: QueryEngine,
         v = float(scalar.group(1)) + float(scalar.group(2) or 0.0)
         return _ok({"resultType": "scalar", "result": [t / 1000.0, _fmt(v)]})
     res = engine.query_instant(query, t, params.get("resolution", [None])[-1])
-    vec = [{"metric": lab, "value": [t / 1000.0, _fmt(float(row[0]))]}
-           for lab, row in zip(res.labels, res.values, strict=True) if not np.isnan(row[0])]
-    return _ok({"resultType": "vector", "result": vec})
+    stamp = b',"value":[' + orjson.dumps(t / 1000.0) + b',"'
+    vec = [b'{"metric":' + lab + stamp + _fmt(v).encode() + b'"]}'
+           for lab, v in zip(_label_json(res), res.values[:, 0].tolist(), strict=True)
+           if v == v]  # NaN: no sample in the lookback, no element
+    return _result("vector", vec)
 
 
 async def _series(request: web.Request, engine: QueryEngine,

@@ -23,6 +23,7 @@ from typing import Final
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from aggregator.promql import Aggregate, Selector, parse
 from aggregator.series_index import EntityIndex, compile_matcher, value_matches
@@ -73,6 +74,10 @@ class SeriesResult:
     labels: list[dict[str, str]]
     values: F64
     """[series, points]"""
+    label_json: list[bytes] | None = None
+    """The labels already as JSON (cached per series for selector results): a 10,000-GPU
+    heatmap then answers without building a dict per series, whose garbage collections
+    were the slow tail of its latency."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +110,7 @@ class QueryEngine:
         self.index = index
         self.limits = limits or QueryLimits()
         self.now_fn = now_fn
-        self._labels: dict[tuple[int, int, bool], dict[str, str]] = {}
+        self._labels: dict[tuple[int, int, bool], tuple[dict[str, str], bytes]] = {}
         """Data time in ms (the newest sample seen) that retention is measured against;
         None -> the query's end. Wall-clock time would be wrong for replayed history."""
 
@@ -176,22 +181,27 @@ class QueryEngine:
 
         A heatmap asks for 10,000 of them per request, so they are built once per series.
         """
+        return [lab for lab, _ in self._cached_labels(res, keep_name)]
+
+    def _cached_labels(self, res: _Resolved, keep_name: bool = True
+                       ) -> list[tuple[dict[str, str], bytes]]:
+        """(labels, the same as JSON) per resolved series, cached per series."""
         out = []
         cache = self._labels
         codes = [AGG_CODES.get(a, 16 + _VIRTUAL_CODE.get(a, 0)) for a in res.aggs]
         for e, m, a, code in zip(res.eids.tolist(), res.mids.tolist(), res.aggs, codes,
                                  strict=True):
             key = (e * ENTITY_STRIDE + m * AGG_SLOTS, code, keep_name)
-            lab = cache.get(key)
-            if lab is None or lab.get("agg") != a:
+            hit = cache.get(key)
+            if hit is None or hit[0].get("agg") != a:
                 lab = self.index.labels(e)
                 lab["agg"] = a
                 if keep_name:
                     lab["__name__"] = BY_ID[m].name
                 if len(cache) > 1_000_000:
                     cache.clear()
-                cache[key] = lab
-            out.append(lab)
+                hit = cache[key] = (lab, orjson.dumps(lab))
+            out.append(hit)
         return out
 
     # ----------------------------------------------------------------- tiers
@@ -296,7 +306,10 @@ class QueryEngine:
               n: int) -> SeriesResult:
         if isinstance(expr, Selector):
             res = self.resolve(expr, tier)
-            return SeriesResult(self.labels_of(res), self._series_values(tier, res, t0, step, n))
+            cached = self._cached_labels(res)
+            return SeriesResult([lab for lab, _ in cached],
+                                self._series_values(tier, res, t0, step, n),
+                                [js for _, js in cached])
         inner = self._eval(expr.expr, tier, t0, step, n)
         groups: dict[tuple[tuple[str, str], ...], list[int]] = {}
         for i, lab in enumerate(inner.labels):
@@ -362,7 +375,7 @@ class QueryEngine:
         latest = np.full(vals.shape[0], np.nan)
         ok = idx >= 0
         latest[ok] = vals[np.flatnonzero(ok), idx[ok]]
-        return SeriesResult(grid.labels, latest[:, None])
+        return SeriesResult(grid.labels, latest[:, None], grid.label_json)
 
     def series(self, selectors: list[str]) -> list[dict[str, str]]:
         """Label sets of every stored series matching any selector (10 s tier's view)."""

@@ -297,7 +297,9 @@ def main() -> None:
         result[name] = round(p50, 2)
         result[name.replace("_ms", "_p95_ms")] = round(p95, 2)
     result.update({k: round(v, 2) for k, v in tput.items()})
-    result["targets_met"] = bool(all(result[k] < v for k, v in TARGETS.items())
+    # p50 and p95 both: a dashboard that is fast half the time is not fast
+    result["targets_met"] = bool(all(result[k] < v and result[k.replace("_ms", "_p95_ms")] < v
+                                     for k, v in TARGETS.items())
                                  and tput["aggregator_metrics_per_s"] >= 1e6)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
