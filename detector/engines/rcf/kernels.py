@@ -370,8 +370,12 @@ def _insert_into_trees(
                 inside = level + 1 if contains else -1
                 break
             parent = path[level]
+            if left[m, t, parent] == cur:
+                sibling = np.int64(right[m, t, parent])
+            else:
+                sibling = np.int64(left[m, t, parent])
             c = cslot[m, t, parent]
-            if c != _NONE:
+            if c != _NONE and sibling >= 0:  # a leaf sibling is cheaper than the box
                 cu = np.uint64(c)
                 for d in range(dim):
                     du = np.uint64(d)
@@ -380,10 +384,6 @@ def _insert_into_trees(
                     lo[d] = arena[m, np.uint64(sl) + du]
                     hi[d] = arena[m, np.uint64(sh) + du]
             else:
-                if left[m, t, parent] == cur:
-                    sibling = np.int64(right[m, t, parent])
-                else:
-                    sibling = np.int64(left[m, t, parent])
                 top = 1
                 stack[0] = sibling
                 while top > 0:
@@ -907,8 +907,14 @@ def _score_forest(
             child = leaf
             for level in range(depth - 1, -1, -1):
                 node = path[level]
+                if left[m, t, node] == child:
+                    sibling = np.int64(right[m, t, node])
+                else:
+                    sibling = np.int64(left[m, t, node])
                 c = cslot[m, t, node]
-                if c != _NONE:
+                # A cached box costs 2 * D scattered reads; a sibling that is a single leaf
+                # is D contiguous floats, so it is grown even when the box is cached.
+                if c != _NONE and sibling >= 0:
                     cu = np.uint64(c)
                     for d in range(dim):
                         du = np.uint64(d)
@@ -917,10 +923,6 @@ def _score_forest(
                         lo[d] = arena[m, np.uint64(sl) + du]
                         hi[d] = arena[m, np.uint64(sh) + du]
                 else:
-                    if left[m, t, node] == child:
-                        sibling = np.int64(right[m, t, node])
-                    else:
-                        sibling = np.int64(left[m, t, node])
                     top = 1
                     stack[0] = sibling
                     while top > 0:
