@@ -566,14 +566,66 @@ def _delete_from_trees(
                 cslot[m, t, a] = _NONE
                 cmass[m, t, c] = 0
                 continue
-            named = False
-            for side in range(2):
-                for d in range(dim):
-                    if cbox[m, t, c, side, d] == slot:
-                        named = True
-            if named:
-                _compute_entry(c, a, m, t, g, left, right, cslot, cbox, cmass, spid, offset,
-                               soff, arena, stack, lo, hi, loi, hii)
+            # Only the extremes the deleted slot held change: list those dimensions and
+            # find each one's new extreme over the node's leaves (cached subtrees in one
+            # step), writing the best slot so far into the entry as it goes.
+            nlo = 0
+            nhi = 0
+            for d in range(dim):
+                if cbox[m, t, c, 0, d] == slot:
+                    loi[nlo] = d
+                    lo[nlo] = np.inf
+                    nlo += 1
+                if cbox[m, t, c, 1, d] == slot:
+                    hii[nhi] = d
+                    hi[nhi] = -np.inf
+                    nhi += 1
+            if nlo + nhi == 0:
+                continue
+            cu = np.uint64(c)
+            top = 2
+            stack[0] = left[m, t, a]
+            stack[1] = right[m, t, a]
+            while top > 0:
+                top -= 1
+                n = stack[top]
+                if n >= 0:
+                    k = cslot[m, t, n]
+                    if k == _NONE:
+                        stack[top] = left[m, t, n]
+                        stack[top + 1] = right[m, t, n]
+                        top += 2
+                        continue
+                    ku = np.uint64(k)
+                    for j in range(nlo):
+                        du = np.uint64(loi[j])
+                        s2 = cbox[m, t, ku, 0, du]
+                        v = arena[m, np.uint64(soff[m, g, np.uint64(s2)]) + du]
+                        if v < lo[j]:
+                            lo[j] = v
+                            cbox[m, t, cu, 0, du] = s2
+                    for j in range(nhi):
+                        du = np.uint64(hii[j])
+                        s2 = cbox[m, t, ku, 1, du]
+                        v = arena[m, np.uint64(soff[m, g, np.uint64(s2)]) + du]
+                        if v > hi[j]:
+                            hi[j] = v
+                            cbox[m, t, cu, 1, du] = s2
+                else:
+                    s2 = -n - 2
+                    off = np.uint64(soff[m, g, np.uint64(s2)])
+                    for j in range(nlo):
+                        du = np.uint64(loi[j])
+                        v = arena[m, off + du]
+                        if v < lo[j]:
+                            lo[j] = v
+                            cbox[m, t, cu, 0, du] = s2
+                    for j in range(nhi):
+                        du = np.uint64(hii[j])
+                        v = arena[m, off + du]
+                        if v > hi[j]:
+                            hi[j] = v
+                            cbox[m, t, cu, 1, du] = s2
 
 
 @njit(cache=True, error_model="numpy")
