@@ -30,8 +30,11 @@ class AggregatorConfig:
     row_lateness_ms: int = 300_000
     """Row/cluster stage: a parent window closes when all its children moved past it, or
     (a dead rack) when the most advanced child is this far past the window's end."""
-    commit_interval_ms: int = 2_000
-    """How often to flush the store, checkpoint and commit offsets."""
+    commit_interval_ms: int = 10_000
+    """How often to flush the store, checkpoint and commit offsets. Each flush writes one
+    record per group with new points, so a longer interval is cheaper: at 30,000 GPUs and
+    1 M metrics/s, 2 s cost 0.80 CPU-s per million metrics, 10 s 0.65. What it costs is
+    replay after a crash: up to this much more data is read again from Kafka."""
     max_batch: int = 2_000
     """Messages per poll."""
     samples_partitions: int = 8
