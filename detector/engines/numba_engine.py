@@ -50,21 +50,16 @@ class NumbaEngine(ForestEngine):
         above = np.ascontiguousarray(
             np.broadcast_to(np.asarray(attribute_above, dtype=np.float64), (n,))
         )
-        dim = self._state.layout.dim
         scores = np.zeros(n, dtype=np.float64)
-        high = np.zeros((n, dim), dtype=np.float64)
-        low = np.zeros((n, dim), dtype=np.float64)
-        kernels.advance(  # type: ignore[call-arg]  # numba's Dispatcher stub takes no args
+        attribution = np.zeros((n, cfg.dims), dtype=np.float64)
+        direction = np.zeros((n, cfg.dims), dtype=np.int8)
+        most, _ = kernels.advance(  # type: ignore[call-arg]  # numba's Dispatcher stub takes no args
             ids, pts, learn, above, cfg.effective_output_after, cfg.effective_time_decay,
-            *self._state.kernel_arrays(), scores, high, low,
+            *self._state.kernel_arrays(), scores, attribution, direction,
         )
         if learn:
-            self._state.grow_arena_if_needed()
-        # Fold the shingle: a base feature's contribution is summed over its positions.
-        high_b = high.reshape(n, cfg.shingle, cfg.dims).sum(axis=1)
-        low_b = low.reshape(n, cfg.shingle, cfg.dims).sum(axis=1)
-        return ScoreBatch(scores=scores, attribution=high_b + low_b,
-                          direction=np.sign(high_b - low_b).astype(np.int8))
+            self._state.reserve_points(most)
+        return ScoreBatch(scores=scores, attribution=attribution, direction=direction)
 
     def _check_id(self, model_id: int) -> None:
         if not 0 <= model_id < self._state.models:

@@ -1067,13 +1067,16 @@ def advance(
     soff: np.ndarray,
     refcnt: np.ndarray,
     scores: np.ndarray,
-    high: np.ndarray,
-    low: np.ndarray,
-) -> float:
+    attribution: np.ndarray,
+    direction: np.ndarray,
+) -> tuple[int, float]:
     """Score each row's shingled point against its model (and learn it if ``learn``).
 
-    ``high``/``low`` receive the forest's DiVector (averaged over trees, over the shingled
-    dimensions) for rows whose score exceeds ``attribute_above``, zeros elsewhere."""
+    For rows whose score exceeds ``attribute_above``, ``attribution[i, f]`` is base feature
+    f's share of the forest's DiVector (averaged over trees, summed over its shingle
+    positions, high + low) and ``direction[i, f]`` the sign of high - low; zeros elsewhere.
+    Returns the most live points any learning model now holds (the arena must fit one more
+    after compaction) and the sum the cache sweeps read (so they are not optimised away)."""
     n = ids.shape[0]
     dims = points.shape[1]
     dim = shingle_buf.shape[1]
@@ -1093,7 +1096,10 @@ def advance(
     vlow = np.empty(dim)
     ghigh = np.empty(dim)
     glow = np.empty(dim)
+    high = np.empty(dim)
+    low = np.empty(dim)
     sink = 0.0
+    most = 0
     for i in range(n):
         m = ids[i]
         for d in range(dim - dims):
@@ -1102,9 +1108,9 @@ def advance(
             q[dim - dims + d] = points[i, d]
         steps = meta[m, META_STEPS]
         scores[i] = 0.0
-        for d in range(dim):
-            high[i, d] = 0.0
-            low[i, d] = 0.0
+        high[:] = 0.0
+        low[:] = 0.0
+        attributed = False
         full = steps + 1 >= shingle
         if full and meta[m, META_SEQ] >= output_after and meta[m, META_SEQ] > 0:
             sink += _stream_in(cut_dim[m], cut_val[m], left[m], right[m], cslot[m], cbox[m],
@@ -1113,11 +1119,21 @@ def advance(
             # rare) takes the second pass that also fills the DiVector.
             scores[i] = _score_forest(q, m, False, root, cut_dim, cut_val, left, right, cslot,
                                       cbox, spid, ssize, offset, soff, arena, path, stack, lo, hi,
-                                      ghigh, glow, vhigh, vlow, high[i], low[i])
+                                      ghigh, glow, vhigh, vlow, high, low)
             if scores[i] > attribute_above[i]:
                 _score_forest(q, m, True, root, cut_dim, cut_val, left, right, cslot, cbox,
                               spid, ssize, offset, soff, arena, path, stack, lo, hi, ghigh, glow,
-                              vhigh, vlow, high[i], low[i])
+                              vhigh, vlow, high, low)
+                attributed = True
+        for f in range(dims):
+            h = 0.0
+            lw = 0.0
+            if attributed:
+                for j in range(shingle):
+                    h += high[j * dims + f]
+                    lw += low[j * dims + f]
+            attribution[i, f] = h + lw
+            direction[i, f] = 1 if h > lw else (-1 if h < lw else 0)
         if learn:
             for d in range(dim):
                 shingle_buf[m, d] = q[d]
@@ -1126,7 +1142,8 @@ def advance(
                 _learn(q, dims, m, decay, meta, weight, spid, ssize, heavy, root, free_head,
                        cut_dim, cut_val, left, right, cslot, cbox, cmass, threshold, arena,
                        offset, soff, refcnt, path, stack, lo, hi, loi, hii, wid, ybuf)
-    return sink
+            most = max(most, meta[m, META_NPOINTS])
+    return most, sink
 
 
 @njit(cache=True, error_model="numpy")

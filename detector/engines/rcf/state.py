@@ -218,11 +218,9 @@ class ForestArrays:
         self.refcnt[m] = 0
         self.arena[m] = 0.0
 
-    def grow_arena_if_needed(self) -> None:
-        """Keep room for every model to store one more point after compaction."""
-        if self.models == 0:
-            return
-        most = int(self.meta[: self.models, kernels.META_NPOINTS].max())
+    def reserve_points(self, most: int) -> None:
+        """Keep room for a model holding ``most`` live points to store one more after
+        compaction (``kernels.advance`` reports the most among the models it advanced)."""
         self._grow_arena((most + 2) * self.layout.dim)
 
     def _grow_arena(self, need: int) -> None:
