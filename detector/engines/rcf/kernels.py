@@ -325,6 +325,18 @@ def _insert_into_trees(
         saved_val = np.float32(0.0)
         inside = -1
         while True:
+            contains = True
+            for d in range(dim):
+                if q[d] < lo[d] or q[d] > hi[d]:
+                    contains = False
+                    break
+            if contains:
+                # No cut inside a box that holds q separates it: draw (AWS draws one per
+                # level, so the random stream stays the same) and stop. Boxes of
+                # path[0 .. inside] contain q (they hold box(cur)).
+                rng, _ = _splitmix_uniform(rng)
+                inside = level + 1
+                break
             # AWS's randomCut: a dimension chosen in proportion to the range of box U {q},
             # a value uniform in it (kept in [min, max) so both sides are non-empty).
             rng, factor = _splitmix_uniform(rng)
@@ -360,14 +372,7 @@ def _insert_into_trees(
                 saved_level = level
                 saved_dim = cdim
                 saved_val = cval
-            contains = True
-            for d in range(dim):
-                if q[d] < lo[d] or q[d] > hi[d]:
-                    contains = False
-                    break
-            if contains or level < 0:
-                # Boxes of path[0 .. inside] contain q (they hold box(cur)).
-                inside = level + 1 if contains else -1
+            if level < 0:
                 break
             parent = path[level]
             if left[m, t, parent] == cur:
