@@ -152,18 +152,22 @@ def _rss_probe(name: str, config: EngineConfig, models: int, steps: int) -> floa
     """Run in a fresh process: resident growth per model after ``steps`` updates."""
     stream = synthetic_stream(models, steps, steps, seed=config.seed)
     ids = np.arange(models, dtype=np.int64)
+    # Loading the compiled code is not model memory; the warm-up engine stays alive until
+    # the end, so the measured one cannot reuse pages it freed.
     if name == "numba":
-        warm_up_numba(config)  # loading the compiled kernels is not model memory
+        warm_engine = warm_up_numba(config)
     else:
-        tiny = make_engine(name, replace(config, trees=2, sample_size=8))
-        tiny.ensure_models(1)
-        tiny.update(ids[:1], stream.points[0, :1])
+        warm_engine = make_engine(name, replace(config, trees=2, sample_size=8))
+        warm_engine.ensure_models(1)
+        warm_engine.update(ids[:1], stream.points[0, :1])
     before = rss_bytes()
     engine = make_engine(name, config)
     engine.ensure_models(models)
     for s in range(steps):
         engine.update(ids, stream.points[s], attribute_above=np.inf)
-    return (rss_bytes() - before) / models
+    grown = (rss_bytes() - before) / models
+    del warm_engine
+    return grown
 
 
 def resident_bytes_per_model(name: str, config: EngineConfig, models: int = 8,
@@ -196,17 +200,24 @@ def run_engine(name: str, config: EngineConfig, stream: Stream, warm: int,
                resident_bytes_per_model(name, config) if measure_rss else 0)
 
 
-def warm_up_numba(config: EngineConfig) -> None:
-    """Compile (or load from numba's cache) every kernel outside the timed region."""
-    tiny = replace(config, trees=2, sample_size=8, output_after=1, sample_groups=None)
-    engine = make_engine("numba", tiny)
+def warm_up_numba(config: EngineConfig) -> ForestEngine:
+    """Compile (or load from numba's cache) every kernel outside the timed region.
+
+    Kernels are specialised on the state arrays' index types, which follow the config's
+    sizes, so the warm-up runs the config itself (scoring from the first point, a few
+    steps): a smaller stand-in can pick narrower types and leave a compile in the measured
+    region (it showed as 8 MB of "resident memory per model" once). Returns the warm-up
+    engine: a caller measuring memory keeps it alive so its freed pages are not reused."""
+    warm = replace(config, output_after=1)
+    engine = make_engine("numba", warm)
     engine.ensure_models(2)
     rng = np.random.default_rng(0)
     ids = np.arange(2, dtype=np.int64)
     for _ in range(30):
-        engine.update(ids, rng.normal(size=(2, tiny.dims)).astype(np.float32))
-    engine.score(ids, rng.normal(size=(2, tiny.dims)).astype(np.float32))
+        engine.update(ids, rng.normal(size=(2, warm.dims)).astype(np.float32))
+    engine.score(ids, rng.normal(size=(2, warm.dims)).astype(np.float32))
     engine.restore(1, engine.checkpoint(0))
+    return engine
 
 
 def ranks(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
