@@ -495,6 +495,7 @@ class KafkaTransport(Transport):
         if not topics:
             return
         admin = await self._admin_client()
+        wanted: dict[str, int] = {}
         try:
             existing = set(await admin.list_topics())
             wanted = {name: n for name, n in topics.items() if name not in existing}
@@ -514,10 +515,11 @@ class KafkaTransport(Transport):
                         )
         except KafkaError as exc:
             raise _error(f"creating topics {sorted(topics)} failed", exc) from exc
-        # The producer must see the new partitions before keyed sends pick one.
+        # The producer must see the new partitions before keyed sends pick one. An existing
+        # topic keeps the count it has (waiting for another would never end).
         producer = await self._current_producer()
-        for name, n in topics.items():
-            await self._wait_partitions(producer, name, n)
+        for name in topics:
+            await self._wait_partitions(producer, name, wanted.get(name, 1))
 
     async def _wait_partitions(self, producer: AIOKafkaProducer, topic: str, n: int) -> None:
         loop = asyncio.get_running_loop()
