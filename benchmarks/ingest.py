@@ -602,16 +602,17 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
             deadline_drain = now + args.drain
         if t_end is not None:
             ends = monitor.end.v[-1] if monitor.end.v else 0.0
-            caught = all(s.v and s.v[-1] >= ends for s in monitor.committed.values())
-            if caught and len(monitor.committed) >= len(stages):
+            if _drained(monitor, scraper, ends, t_end, len(stages)):
                 drained_at = now
                 break
             if now >= deadline_drain:
                 break
             # Event-time stages hold back their commits for windows that only newer data
-            # would close; once nothing moved for 15 s after the load, waiting longer is moot.
-            if now - t_end > 15 and all(s.at(now) == s.at(now - 15)
-                                        for s in monitor.committed.values()):
+            # would close; once nothing moved for 15 s after the load (25 s with an
+            # aggregator: its lag gauge is refreshed every commit interval), waiting is moot.
+            quiet = 25 if scraper.members else 15
+            if now - t_end > quiet and all(s.at(now) == s.at(now - 15)
+                                           for s in monitor.committed.values()):
                 break
         # A stage that dies is a result, not a reason to stop: the load runs its full
         # duration so the other stages are measured over it; the death time is reported.
@@ -654,6 +655,21 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
         stage = name.split("#")[0]
         result["per_stage"][stage].setdefault("died_at_s", {})[name] = t
     return result
+
+
+def _drained(monitor: Monitor, scraper: CounterScraper, ends: float, t_end: float,
+             n_stages: int) -> bool:
+    """Whether every stage has read everything produced: its group's commits reached the
+    end, or for the aggregator (it holds commits back for open windows) its own lag gauge,
+    reported after the load ended, is zero (refreshed each commit interval: an upper
+    bound on the drain time)."""
+    own = bool(scraper.members)
+    groups = {g: s for g, s in monitor.committed.items() if not (own and "aggregator" in g)}
+    if len(groups) < n_stages - own:
+        return False
+    if not all(s.v and s.v[-1] >= ends for s in groups.values()):
+        return False
+    return all(s.t and s.t[-1] > t_end and s.v[-1] == 0 for s in scraper.lag_msgs.values())
 
 
 def _own_counters(row: dict[str, Any], scraper: CounterScraper, members: list[str],
@@ -753,13 +769,13 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
                 "caught_up_after_load": bool(caught_up),
                 "cpu_s_per_million": cost(st.name, rate),
             })
-            if scraper is not None and st.name == "aggregator":
-                _own_counters(row, scraper, members, steady, window, produced_rate,
-                              metrics_per_frame)
-                if "consumed_metrics_per_s" in row:
-                    row["committed_metrics_per_s"] = row["metrics_per_s"]
-                    row["metrics_per_s"] = row["consumed_metrics_per_s"]
-                    row["cpu_s_per_million"] = cost(st.name, row["metrics_per_s"])
+        if scraper is not None and st.name == "aggregator":
+            _own_counters(row, scraper, members, steady, window, produced_rate,
+                          metrics_per_frame)
+            if "consumed_metrics_per_s" in row:
+                row["committed_metrics_per_s"] = row.get("metrics_per_s")
+                row["metrics_per_s"] = row["consumed_metrics_per_s"]
+                row["cpu_s_per_million"] = cost(st.name, row["metrics_per_s"])
         said = [float(m.group(1).replace(",", "")) for n in members for line in errs[n]
                 if (m := _RATE.search(line))]
         if said:  # per member line; the stage's rate is the members' sum
