@@ -388,6 +388,12 @@ def _insert_into_trees(
                     sh = soff[m, g, np.uint64(cbox[m, t, cu, 1, du])]
                     lo[d] = arena[m, np.uint64(sl) + du]
                     hi[d] = arena[m, np.uint64(sh) + du]
+            elif sibling < 0:
+                loff = np.uint64(soff[m, g, np.uint64(-sibling - 2)])
+                for d in range(dim):
+                    v = arena[m, loff + np.uint64(d)]
+                    lo[d] = v if v < lo[d] else lo[d]
+                    hi[d] = v if v > hi[d] else hi[d]
             else:
                 top = 1
                 stack[0] = sibling
@@ -979,6 +985,12 @@ def _score_forest(
                         sh = soff[m, g, np.uint64(cbox[m, t, cu, 1, du])]
                         lo[d] = arena[m, np.uint64(sl) + du]
                         hi[d] = arena[m, np.uint64(sh) + du]
+                elif sibling < 0:
+                    loff = np.uint64(soff[m, g, np.uint64(-sibling - 2)])
+                    for d in range(dim):
+                        v = arena[m, loff + np.uint64(d)]
+                        lo[d] = v if v < lo[d] else lo[d]
+                        hi[d] = v if v > hi[d] else hi[d]
                 else:
                     top = 1
                     stack[0] = sibling
