@@ -104,29 +104,6 @@ _SUM_MATH = {"reassoc"}
 
 
 @njit(cache=True, error_model="numpy")
-def _count_upto(node: int, limit: int, m: int, t: int, left: np.ndarray, right: np.ndarray,
-                cslot: np.ndarray, cmass: np.ndarray, stack: np.ndarray) -> int:
-    """Leaves under ``node``, counted until ``limit`` is reached."""
-    count = 0
-    top = 1
-    stack[0] = node
-    while top > 0 and count < limit:
-        top -= 1
-        n = stack[top]
-        if n >= 0:
-            c = cslot[m, t, n]
-            if c != _NONE:
-                count += cmass[m, t, c]
-            else:
-                stack[top] = left[m, t, n]
-                stack[top + 1] = right[m, t, n]
-                top += 2
-        else:
-            count += 1
-    return count
-
-
-@njit(cache=True, error_model="numpy")
 def _compute_entry(c: int, node: int, m: int, t: int, g: int, left: np.ndarray,
                    right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray, cmass: np.ndarray,
                    spid: np.ndarray, offset: np.ndarray, soff: np.ndarray, arena: np.ndarray,
@@ -472,8 +449,24 @@ def _insert_into_trees(
             if cmass[m, t, c] == 0:
                 free = c
                 break
-        if free >= 0 and _count_upto(candidate, threshold, m, t, left, right, cslot, cmass,
-                                     stack) >= threshold:
+        if free < 0:
+            continue
+        # Its leaves, counted until the threshold (cached subtrees by their mass).
+        count = 0
+        top = 1
+        stack[0] = candidate
+        while top > 0 and count < threshold:
+            top -= 1
+            n = stack[top]
+            if n < 0:
+                count += 1
+            elif cslot[m, t, n] != _NONE:
+                count += cmass[m, t, cslot[m, t, n]]
+            else:
+                stack[top] = left[m, t, n]
+                stack[top + 1] = right[m, t, n]
+                top += 2
+        if count >= threshold:
             cslot[m, t, candidate] = free
             _compute_entry(free, candidate, m, t, g, left, right, cslot, cbox, cmass, spid,
                            offset, soff, arena, stack, lo, hi, loi, hii)
