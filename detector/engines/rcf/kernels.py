@@ -14,7 +14,7 @@ advances many models (all GPUs of a frame). The algorithms follow AWS's Java/Rus
 * Insertion is AWS's bottom-up form: descend by the cuts to a leaf, then walk up growing the
   box, drawing one random cut per level in box U {point}, and keep the highest cut that
   separates the point from the box. Deletion descends by the point and splices the parent
-  out; cached ancestors whose box named the deleted slot are recomputed.
+  out; in cached ancestors, the extremes the deleted slot held are found anew.
 * Sampler: time-decayed reservoir as AWS's CompactSampler: weight
   ``-(seq * lambda) + log(-log U)``, keep the ``sample_size`` smallest, accept everything
   while filling (then with AWS's decreasing initial-accept probability). A model has
@@ -57,7 +57,9 @@ META_FIELDS = 9
 # ``cbox[c, 0/1, d]`` (the lo/hi slot indices) and ``cmass[c]``, the number of leaves under
 # the node (0 marks a free entry). A node is cached once it has ``threshold`` leaves (and an
 # entry is free) and leaves the cache when it drops below 3/4 of that; the cache changes
-# speed only, never a score: every cached box is the exact box of its node.
+# speed only, never a score: every cached box is the exact box of its node. Reading a
+# cached coordinate goes through ``soff[m, g, slot]``, the arena offset of the point each
+# sampler slot holds. Both are derived state: not checkpointed, rebuilt on restore.
 NO_ENTRY = 255
 _NONE = NO_ENTRY
 # Renormalise sampler weights when the decayed part grows past this (keeps float32 exact).

@@ -61,7 +61,8 @@ DEFAULT_SAMPLE_GROUPS = 2
 1 when the tree count is odd. Measured at the issue's parameters (benchmarks/forest.py):
 one reservoir gives rank correlation 0.889 with krcf at 241 KB, two give 0.905 at 227 KB
 (fewer cached box levels fit) and 20 % fewer updates/s; krcf against itself with another
-seed gives 0.919."""
+seed gives 0.919. (Sizes and speeds measured with the earlier cache of the top tree levels;
+the box cache now fills the budget either way.)"""
 
 MODEL_BUDGET_BYTES = 256 * 1024
 """Memory per model the box cache may fill up to (issue 8's target)."""
