@@ -268,7 +268,8 @@ class RackStage:
                     part.open.setdefault(start, msg.offset)
                 else:
                     ticks_pool.append(-1)
-                    self.stats.late_samples += int(np.count_nonzero(~np.isnan(fr.values[i])))
+                    if msg.offset >= part.raw_through:  # a replayed one was seen before
+                        self.stats.late_samples += int(np.count_nonzero(~np.isnan(fr.values[i])))
             if self.raw and msg.offset >= part.raw_through:
                 self._write_raw(fr.metric_ids, gslots, fr.ts, fr.values, cols)
             vals.append(fr.values.reshape(-1))
