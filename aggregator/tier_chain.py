@@ -53,8 +53,9 @@ _OP_OF_CODE = np.full(AGG_SLOTS, -1, np.int8)
 for _agg, _red in AGG_REDUCER.items():
     _OP_OF_CODE[AGG_CODES[_agg]] = REDUCERS.index(_red)
 
-SEED_CHUNK: Final = 65_536
-"""Series per store read while seeding: one read is a bounded slice of work."""
+SEED_POINTS: Final = 262_144
+"""Points per store read while seeding (~0.1 s): the series of one read are as many as fit
+with one point per finer window of the range, so a read is a bounded slice of work."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +250,7 @@ class _Seed:
         self.next = 0
         self.sketched = False
         self.accs: dict[int, _Acc] = {}
+        self.chunk = max(1, SEED_POINTS // max(1, -(-(hi - lo) // src_res)))
 
     def _acc(self, w: int) -> _Acc:
         acc = self.accs.get(w)
@@ -260,7 +262,7 @@ class _Seed:
         """One bounded read; True once everything is read."""
         lay = self.layout
         if self.next < lay.sids.size:
-            a, b = self.next, min(self.next + SEED_CHUNK, lay.sids.size)
+            a, b = self.next, min(self.next + self.chunk, lay.sids.size)
             data = store.read(self.src, lay.sids[a:b], self.lo, self.hi)
             if data.ts.size:
                 for w in np.unique(data.ts - data.ts % self.res).tolist():

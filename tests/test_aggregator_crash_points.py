@@ -317,12 +317,16 @@ def test_entities_appearing_mid_window_join_the_coarse_windows(tmp_path):
     _check_against_reducers(ref, tmp_path / "data", hours=0)
 
 
-@pytest.mark.parametrize(("first", "second"), [(12, 9), (20, 16), (34, 3)])
+@pytest.mark.parametrize(("first", "second", "seed_points"),
+                         [(12, 9, None), (20, 16, None), (34, 3, None), (20, 16, 50)])
 def test_crashes_around_an_hour_and_a_gap_then_replay_is_bit_identical(
-        long_reference, tmp_path, first, second):
+        long_reference, tmp_path, monkeypatch, first, second, seed_points):
     """Crashes in the gap, before the hour boundary (the successor reads 35 minutes of the
     hour back from the 1 min tier) and after it: the restarted instance reads its coarse
-    windows back from the store (seeding) and ends identical."""
+    windows back from the store (seeding) and ends identical. ``seed_points``: read back a
+    few series at a time, as a fleet-sized partition does."""
+    if seed_points is not None:
+        monkeypatch.setattr("aggregator.tier_chain.SEED_POINTS", seed_points)
     msgs, ref, _ = long_reference
     committed: dict[int, int] = {}
     assert not _run(tmp_path / "data", tmp_path / "state", msgs, committed, (first, "committed"))
