@@ -25,6 +25,7 @@ What it measures, from outside the stages, so it works for any stage:
   offsets trail by window + lateness (~30 s) and move in steps. Its ``metrics_per_s`` is
   then what it consumed and rolled up (``committed_metrics_per_s`` keeps the other
   reading), and ``position_lag_*_s`` how far behind the partitions' ends it reads;
+* peak resident memory of each stage's (largest) process and of the fleet;
 * the bottleneck: a stage whose lag grows, else the one using the most CPU per metric.
 
 Output: a table, ``benchmarks/results/ingest.json``, and one JSON object as the last line.
@@ -321,6 +322,18 @@ def tree_cpu_s(pid: int, kids: dict[int, list[int]] | None = None) -> float:
     return total
 
 
+def peak_rss_mb(pid: int) -> float | None:
+    """The process's peak resident set (VmHWM), MB; None once it has exited."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
 def machine_busy_s() -> float:
     """CPU seconds the whole machine spent busy since boot (all cores)."""
     with open("/proc/stat") as fh:
@@ -572,6 +585,7 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
     last_cpu: dict[str, float] = dict(cpu0)
     last_broker = broker0
     cpu_series: dict[str, Series] = {n: Series() for n in procs}
+    rss_peak: dict[str, float] = {}
     cpu_series["broker"] = Series()
     t_end: float | None = None
     drained_at: float | None = None
@@ -586,6 +600,9 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
         for n, p in procs.items():
             if p.returncode is None:
                 last_cpu[n] = tree_cpu_s(p.pid, kids)
+                peak = peak_rss_mb(p.pid)
+                if peak is not None:
+                    rss_peak[n] = max(rss_peak.get(n, 0.0), peak)
         if broker_pid:
             last_broker = tree_cpu_s(broker_pid, kids)
         for n, v in (*last_cpu.items(), ("broker", last_broker)):
@@ -651,6 +668,12 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
     result = _report(args, stages, monitor, outputs, errs, t_end, drained_at, cpu0, cpu_end,
                      broker0, broker_end, busy0, busy_end, load0, procs, probe, cpu_series,
                      scraper)
+    for st in stages:  # the largest member's peak (main process; children not included)
+        peaks = [rss_peak[n] for n in _members(st.name, procs) if n in rss_peak]
+        if peaks:
+            result["per_stage"][st.name]["rss_peak_mb"] = round(max(peaks), 1)
+    if "fleet" in rss_peak:
+        result["fleet"]["rss_peak_mb"] = round(rss_peak["fleet"], 1)
     for name, t in died_at.items():
         stage = name.split("#")[0]
         result["per_stage"][stage].setdefault("died_at_s", {})[name] = t

@@ -38,3 +38,4 @@ def test_ingest_benchmark_reports_every_stage(kafka_bootstrap: str):
     assert 0.5 * target < agg["consumed_metrics_per_s"] < 1.5 * target, agg
     assert agg["metrics_per_s"] == agg["consumed_metrics_per_s"]
     assert agg["position_lag_max_s"] is not None and "committed_metrics_per_s" in agg
+    assert 10 < agg["rss_peak_mb"] < 4000
