@@ -533,3 +533,8 @@ class RackStage:
 
     def open_windows(self) -> int:
         return sum(len(p.open) for p in self.parts.values())
+
+    def catching_up(self) -> int:
+        """Partitions whose coarse tiers are still reading back windows from the store (after
+        an assignment): their 1 min / 1 h / 1 d points appear once that is done."""
+        return sum(1 for p in self.parts.values() if p.chain is not None and p.chain.seeding)

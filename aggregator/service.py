@@ -361,6 +361,10 @@ class _Collector(Collector):
         yield CounterMetricFamily("fleetpulse_aggregator_windows_closed",
                                   "Base windows closed and stored.",
                                   value=st.windows_closed + s.row.windows_closed)
+        yield GaugeMetricFamily("fleetpulse_aggregator_tiers_catching_up",
+                                "Partitions whose 1 min/1 h/1 d windows are still being read "
+                                "back from the store after an assignment.",
+                                value=s.rack.catching_up())
         yield GaugeMetricFamily("fleetpulse_aggregator_store_bytes",
                                 "Bytes of the store's segment files.", value=s.store_bytes())
         yield GaugeMetricFamily("fleetpulse_aggregator_entities",

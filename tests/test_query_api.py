@@ -208,6 +208,7 @@ async def test_service_on_memory_transport_end_to_end(tmp_path):
                     break
             assert "fleetpulse_aggregator_store_bytes" in text
             assert "fleetpulse_aggregator_late_samples_total" in text
+            assert "fleetpulse_aggregator_tiers_catching_up 0.0" in text
             body = await (await s.get(url + "/api/v1/query_range", params={
                 "query": 'fleetpulse_gpu_temperature_celsius{level=~"row|cluster"}',
                 "start": str((T0 + 10_000) / 1000), "end": str((T0 + 30_000) / 1000),
