@@ -250,16 +250,7 @@ class AggregatorService:
             ckpt = loop.stage.checkpoint(p)
             save_checkpoint(self.state_dir, ckpt)
             offsets[(loop.topic, p)] = ckpt.resume_offset
-        try:
-            await loop.consumer.commit(offsets)
-        except TransportError as exc:
-            if exc.retriable:
-                raise  # the broker is unreachable: the loop fails, a restart resumes
-            # Refused for good: the group rebalanced, e.g. this member was expelled because
-            # its event loop stalled past the session timeout on a loaded machine. That is
-            # a crash between checkpoint and commit, which replay handles; the consumer
-            # rejoins at its next poll and the callbacks checkpoint or forget partitions.
-            log.warning("commit of %s refused (group rebalanced?): %s", sorted(parts), exc)
+        await loop.consumer.commit_checkpointed(offsets)
 
     async def _acknowledged(self, pending: list[tuple[asyncio.Future[Any], bytes, bytes]],
                             attempts: int = 5) -> None:

@@ -43,7 +43,6 @@ from fleetpulse.transport import (
     RecordMeta,
     TopicPartition,
     Transport,
-    TransportError,
 )
 from schemas.errors import DecodeError
 from schemas.frame import SampleFrame, decode_frame
@@ -346,16 +345,7 @@ class DetectorService:
             atomic_write(self.state_dir / f"events-{p}.ckpt", es.to_bytes(self.next_offset[tp]))
             commit[tp] = self.next_offset[tp]
         if commit:
-            try:
-                await self.consumer.commit(commit)
-            except TransportError as exc:
-                if exc.retriable:
-                    raise  # the broker is unreachable: the loop fails, a restart resumes
-                # Refused for good: the group rebalanced (e.g. this member was expelled after
-                # a stall past the session timeout). That is a crash between checkpoint and
-                # commit, which the checkpoints' own offsets cover; the consumer rejoins at
-                # its next poll and on_assigned restores or replays.
-                log.warning("commit of %s refused (group rebalanced?): %s", sorted(commit), exc)
+            await self.consumer.commit_checkpointed(commit)
         self.stats.checkpoints += 1
         self._last_checkpoint = time.monotonic()
 

@@ -11,6 +11,7 @@ Offsets follow Kafka's convention: a committed offset is the *next* offset to re
 from __future__ import annotations
 
 import asyncio
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ __all__ = [
 ]
 
 TopicPartition = tuple[str, int]
+
+log = logging.getLogger("fleetpulse.transport")
 """(topic, partition)."""
 
 DEADLETTER_HEADERS = ("fp-reason", "fp-source-topic", "fp-source-partition", "fp-source-offset")
@@ -97,6 +100,25 @@ class Consumer(ABC):
     @abstractmethod
     async def commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> None:
         """Commit ``offsets`` (next offset to read), or the positions of everything returned."""
+
+    async def commit_checkpointed(self, offsets: Mapping[TopicPartition, int]) -> bool:
+        """Commit offsets whose state the stage has already checkpointed; False if refused.
+
+        A broker that cannot be reached raises (the stage's loop fails and a restart
+        resumes). A commit refused for good means the group rebalanced, e.g. this member
+        was expelled after a stall past the session timeout on a loaded machine: that is a
+        crash between checkpoint and commit, which replay from the older committed offset
+        and the checkpoint cover, so it is logged and the consumer rejoins at its next poll
+        (the rebalance callbacks then checkpoint, restore or forget partitions).
+        """
+        try:
+            await self.commit(offsets)
+        except TransportError as exc:
+            if exc.retriable:
+                raise
+            log.warning("commit of %s refused (group rebalanced?): %s", sorted(offsets), exc)
+            return False
+        return True
 
     @abstractmethod
     async def committed(self, tp: TopicPartition) -> int | None:
