@@ -22,12 +22,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_aggregator_support import T0, make_fleet
+from test_aggregator_support import T0, make_fleet, stored_points
 
 from aggregator.checkpoint import load_checkpoint, save_checkpoint
 from aggregator.rack_stage import RackStage, StageStats
 from aggregator.series_index import EntityIndex
-from aggregator.series_layout import split_series_id
 from aggregator.store import SeriesStore, StoreConfig
 from fleetpulse.transport.base import Message
 
@@ -174,20 +173,11 @@ def _dump(root: Path, tiers: tuple[str, ...] = ("raw", "10s", "1m")) -> dict[tup
     """Every stored point of ``tiers``, keyed by entity labels."""
     index = EntityIndex(root / "entities.jsonl")
     store = _open_store(root / "store")
-    out: dict[tuple, bytes] = {}
     try:
-        for tier in tiers:
-            sids = np.sort(store.series_ids(tier))
-            r = store.read(tier, sids, 0, 1 << 62)
-            for i, sid in enumerate(r.series_ids.tolist()):
-                eid, metric, agg = split_series_id(sid)
-                ts, vals = r.series(i)
-                for t, v in zip(ts.tolist(), vals.tolist(), strict=True):
-                    out[(tier, index.keys[eid], metric, agg, t)] = np.float64(v).tobytes()
+        return dict(stored_points(store, index, tiers))
     finally:
         store.close()
         index.close()
-    return out
 
 
 @pytest.fixture(scope="module")

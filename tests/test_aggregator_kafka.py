@@ -20,10 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_aggregator_support import make_fleet
+from test_aggregator_support import make_fleet, stored_points
 
 from aggregator.series_index import EntityIndex
-from aggregator.series_layout import split_series_id
 from aggregator.store import SeriesStore, StoreConfig
 from fleetpulse.config import TransportConfig
 from fleetpulse.transport import open_transport
@@ -158,17 +157,9 @@ def dump(data_dirs: list[Path], tiers=("raw", "10s")) -> dict[tuple, bytes]:
         index = EntityIndex(d / "entities.jsonl")
         store = SeriesStore(StoreConfig(path=str(d / "store"), fsync=False))
         try:
-            for tier in tiers:
-                sids = np.sort(store.series_ids(tier))
-                r = store.read(tier, sids, 0, 1 << 62)
-                for i, sid in enumerate(r.series_ids.tolist()):
-                    eid, metric, agg = split_series_id(sid)
-                    ts, vals = r.series(i)
-                    for t, v in zip(ts.tolist(), vals.tolist(), strict=True):
-                        key = (tier, index.keys[eid], metric, agg, t)
-                        bits = np.float64(v).tobytes()
-                        assert key not in out or out[key] == bits, f"conflict at {key}"
-                        out[key] = bits
+            for key, bits in stored_points(store, index, tiers):
+                assert key not in out or out[key] == bits, f"conflict at {key}"
+                out[key] = bits
         finally:
             store.close()
             index.close()

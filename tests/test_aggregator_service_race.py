@@ -12,18 +12,25 @@ restarted detector or aggregator exit 1 when its killed predecessor expired from
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 from test_aggregator_support import make_fleet
 
 from aggregator.checkpoint import load_checkpoint
 from aggregator.config import AggregatorConfig
-from aggregator.service import AggregatorService
+from aggregator.service import AggregatorService, _Loop
 from fleetpulse.config import TransportConfig
 
 
-async def test_revoke_while_the_cycle_awaits_acknowledgements(tmp_path):
-    cfg = AggregatorConfig(transport=TransportConfig(bootstrap="memory://agg-race",
-                                                     topic_prefix="race"),
+@contextlib.asynccontextmanager
+async def _joined_service(tmp_path: Path, name: str) -> AsyncIterator[tuple[AggregatorService,
+                                                                            _Loop]]:
+    """A started service (no HTTP, no row stage) whose sample consumer owns both partitions
+    of an empty topic on its own memory broker; stopped and closed afterwards."""
+    cfg = AggregatorConfig(transport=TransportConfig(bootstrap=f"memory://agg-{name}",
+                                                     topic_prefix=name),
                            data_dir=str(tmp_path / "d"), listen="127.0.0.1:0",
                            lateness_ms=5000, row_stage=False, fsync=False,
                            samples_partitions=2)
@@ -37,6 +44,17 @@ async def test_revoke_while_the_cycle_awaits_acknowledgements(tmp_path):
             if loop.owned == {0, 1}:
                 break
         assert loop.owned == {0, 1}
+        yield svc, loop
+    finally:
+        for lp in svc.loops:
+            if lp.consumer is not None:
+                await lp.consumer.stop()
+        await svc.close()
+
+
+async def test_revoke_while_the_cycle_awaits_acknowledgements(tmp_path):
+    async with _joined_service(tmp_path, "race") as (svc, loop):
+        assert loop.consumer is not None
         fl = make_fleet(n_racks=2, seconds=40, partitions=2)
         await svc.handle(loop, fl.messages)
         assert svc.rack.parts.keys() == {0, 1}
@@ -51,30 +69,13 @@ async def test_revoke_while_the_cycle_awaits_acknowledgements(tmp_path):
         await asyncio.wait_for(cycle, 30)  # no KeyError for the revoked partition
         assert load_checkpoint(svc.state_dir, loop.topic, 0) is not None  # by the revoke
         assert load_checkpoint(svc.state_dir, loop.topic, 1) is not None  # by the cycle
-    finally:
-        for lp in svc.loops:
-            if lp.consumer is not None:
-                await lp.consumer.stop()
-        await svc.close()
 
 
 async def test_a_commit_refused_by_a_rebalance_does_not_stop_the_service(tmp_path):
     """A commit the group refuses (the partitions were reassigned: here one this member
     never got) is a crash between checkpoint and commit, not a reason to exit."""
-    cfg = AggregatorConfig(transport=TransportConfig(bootstrap="memory://agg-refused",
-                                                     topic_prefix="refused"),
-                           data_dir=str(tmp_path / "d"), listen="127.0.0.1:0",
-                           lateness_ms=5000, row_stage=False, fsync=False,
-                           samples_partitions=2)
-    svc = AggregatorService(cfg)
-    await svc.start(serve_http=False)
-    try:
-        loop = svc.loops[0]
+    async with _joined_service(tmp_path, "refused") as (svc, loop):
         assert loop.consumer is not None
-        for _ in range(100):
-            await loop.consumer.getmany(timeout_ms=20)
-            if loop.owned == {0, 1}:
-                break
         # A partition this instance believes it owns but the group gave to no one (as
         # after a rebalance this member has not yet heard of): the broker refuses it.
         svc.rack.assign(7, None)
@@ -82,8 +83,3 @@ async def test_a_commit_refused_by_a_rebalance_does_not_stop_the_service(tmp_pat
         await svc.durable(loop, {0, 1, 7})  # refused, but no exception
         assert load_checkpoint(svc.state_dir, loop.topic, 0) is not None
         assert await loop.consumer.committed((loop.topic, 0)) is None  # nothing committed
-    finally:
-        for lp in svc.loops:
-            if lp.consumer is not None:
-                await lp.consumer.stop()
-        await svc.close()

@@ -7,10 +7,13 @@ counter resets once so the increase logic is exercised.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from aggregator.series_index import EntityIndex
+from aggregator.series_layout import split_series_id
 from aggregator.store import SeriesStore, StoreConfig
 from fleetpulse.transport.base import Message
 from schemas.frame import SampleFrame, encode_frame
@@ -73,3 +76,17 @@ def make_fleet(n_racks: int = 2, nodes_per_rack: int = 2, gpus: int = 4, seconds
 
 def open_store(path) -> SeriesStore:
     return SeriesStore(StoreConfig(path=str(path), fsync=False))
+
+
+def stored_points(store: SeriesStore, index: EntityIndex, tiers: Sequence[str]
+                  ) -> Iterator[tuple[tuple, bytes]]:
+    """Every stored point of ``tiers`` as ((tier, entity labels, metric, aggregate, t),
+    float64 bits): keyed by labels, since entity ids differ between instances and runs."""
+    for tier in tiers:
+        sids = np.sort(store.series_ids(tier))
+        r = store.read(tier, sids, 0, 1 << 62)
+        for i, sid in enumerate(r.series_ids.tolist()):
+            eid, metric, agg = split_series_id(sid)
+            ts, vals = r.series(i)
+            for t, v in zip(ts.tolist(), vals.tolist(), strict=True):
+                yield (tier, index.keys[eid], metric, agg, t), np.float64(v).tobytes()
