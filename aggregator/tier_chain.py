@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import numba as nb
@@ -295,7 +295,8 @@ class _Tier:
     cur: _Acc | None = None
     started: bool = False
     seed: _Seed | None = None
-    backlog: list[_Window] | None = None
+    backlog: list[_Window] = field(default_factory=list)
+    """Finer windows that closed while ``seed`` runs, folded in order once it is done."""
 
 
 class TierChain:
@@ -335,10 +336,7 @@ class TierChain:
         if not t.started:
             t.started = True
             t.seed = self._plan_seed(t, win.start)
-            if t.seed is not None:
-                t.backlog = []
         if t.seed is not None:
-            assert t.backlog is not None
             t.backlog.append(win)
             return
         self._fold(k, win)
@@ -358,9 +356,9 @@ class TierChain:
 
     def _seeded(self, k: int) -> None:
         t = self.tiers[k]
-        seed, backlog = t.seed, t.backlog or []
+        seed, backlog = t.seed, t.backlog
         assert seed is not None
-        t.seed, t.backlog = None, None
+        t.seed, t.backlog = None, []
         for w in sorted(seed.accs):
             acc = seed.accs[w]
             if w + t.res <= seed.hi:
