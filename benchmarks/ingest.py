@@ -123,6 +123,14 @@ _API_LINE = re.compile(r"query API on (http://[0-9.]+:\d+)")
 _RATE = re.compile(r"([\d,]+(?:\.\d+)?) metrics/s")
 
 
+def _api_url(stderr: list[str]) -> str | None:
+    """The query API's base URL an aggregator announced on stderr, once it has."""
+    for line in stderr:
+        if m := _API_LINE.search(line):
+            return m.group(1)
+    return None
+
+
 class RollupProbe:
     """Sample timestamp -> rollup visible in the aggregator's query API.
 
@@ -141,11 +149,6 @@ class RollupProbe:
         self.errors = 0
         self.newest = 0.0
 
-    def _url(self) -> str | None:
-        for line in self.stderr:
-            if m := _API_LINE.search(line):
-                return m.group(1)
-        return None
 
     async def run(self, stop: asyncio.Event) -> None:
         import aiohttp
@@ -154,7 +157,7 @@ class RollupProbe:
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.interval)
-                base = self._url()
+                base = _api_url(self.stderr)
                 if base is None:
                     continue
                 now = time.time()
@@ -206,8 +209,7 @@ class CounterScraper:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.interval)
                 for m in self.members:
-                    base = next((x.group(1) for line in self.errs.get(m, ())
-                                 if (x := _API_LINE.search(line))), None)
+                    base = _api_url(self.errs.get(m, []))
                     if base is None:
                         continue
                     try:
