@@ -119,6 +119,25 @@ def test_cached_boxes_stay_exact(entries: int) -> None:
         assert cache_invariants(engine, m) >= min(used, 1)
 
 
+def test_trees_and_caches_stay_exact_after_every_update() -> None:
+    # A new point goes into the trees before the one it evicts comes out, at cuts drawn
+    # while scoring; in between two leaves share a slot. Check every step, not only the
+    # end: outliers reshape cached subtrees, repeated values make duplicates re-enter
+    # their own slots and evict points other slots still hold.
+    cfg = EngineConfig(dims=3, shingle=2, trees=6, sample_size=16, seed=9, output_after=4)
+    engine = NumbaEngine(cfg, cache_entries=4)
+    data = wavy(500, 2, 3, seed=9)
+    data[::23, :, 0] += 5.0
+    data[200:260:2, 0] = 0.5
+    engine.ensure_models(2)
+    ids = np.arange(2, dtype=np.int64)
+    for step in range(len(data)):
+        engine.update(ids, data[step])
+        for m in range(2):
+            tree_invariants(engine, m)
+            cache_invariants(engine, m)
+
+
 def test_point_store_shares_shingles_and_compacts() -> None:
     # One reservoir per tree: many distinct points, so the arena grows and compacts.
     cfg = EngineConfig(dims=2, shingle=4, trees=8, sample_size=16, seed=2, sample_groups=8)

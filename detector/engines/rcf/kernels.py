@@ -93,24 +93,21 @@ def cache_threshold(sample_size: int, entries: int) -> int:
 # their hot loops are written out instead of calling small helpers: in numba a view sliced
 # per tree, and a call that passes arrays, each cost atomic reference-count updates (the
 # refcount pruner gives up on callees that may raise); those measured at 10-12 % of an
-# update. Numba's inline="always" does not save it: the sibling-box growth that the score
-# and insert walks both write out, as one inlined helper, measured 16.1 k updates/s against
-# 19.3 k written out. Indices known to be >= 0 are cast to unsigned, which skips numba's negative-index
-# wraparound and lets LLVM vectorise the per-dimension loops.
+# update (numba's inline="always" did not save it: a helper for the sibling-box growth
+# measured 16.1 k updates/s against 19.3 k written out). Indices known to be >= 0 are cast
+# to unsigned, which skips numba's negative-index wraparound and lets LLVM vectorise the
+# per-dimension loops.
 
 
-# Reassociating sums lets LLVM vectorise them; in scoring that moves a score by rounding
-# only. No finite-math flags: boxes start at +-inf.
+# Reassociating sums lets LLVM vectorise them; that moves a score, or where a random cut
+# falls inside its gap, by rounding only. No finite-math flags: boxes start at +-inf.
 _SCORE_MATH = {"nsz", "reassoc", "contract", "arcp"}
-# Insertion reassociates only the sum of box widths a random cut is drawn from, which moves
-# a cut by rounding only.
-_SUM_MATH = {"reassoc"}
 
 
 @njit(cache=True, error_model="numpy")
 def _compute_entry(c: int, node: int, m: int, t: int, g: int, left: np.ndarray,
                    right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray, cmass: np.ndarray,
-                   spid: np.ndarray, offset: np.ndarray, soff: np.ndarray, arena: np.ndarray,
+                   soff: np.ndarray, arena: np.ndarray,
                    stack: np.ndarray, lo: np.ndarray, hi: np.ndarray, loi: np.ndarray,
                    hii: np.ndarray) -> None:
     """Recompute cache entry c of tree t as the box and leaf count of internal ``node``
@@ -166,24 +163,6 @@ def _compute_entry(c: int, node: int, m: int, t: int, g: int, left: np.ndarray,
 
 
 @njit(cache=True, error_model="numpy")
-def _descend(q: np.ndarray, m: int, t: int, root: np.ndarray, cut_dim: np.ndarray,
-             cut_val: np.ndarray, left: np.ndarray, right: np.ndarray,
-             path: np.ndarray) -> tuple[int, int]:
-    """Follow the cuts from the root of tree t; returns (leaf code, depth). ``path[:depth]``
-    holds the internal nodes from the root down."""
-    node = np.int64(root[m, t])
-    depth = 0
-    while node >= 0:
-        path[depth] = node
-        depth += 1
-        if q[cut_dim[m, t, node]] <= cut_val[m, t, node]:
-            node = np.int64(left[m, t, node])
-        else:
-            node = np.int64(right[m, t, node])
-    return int(node), depth
-
-
-@njit(cache=True, error_model="numpy")
 def _rebuild_tree_cache(m: int, t: int, g: int, root: np.ndarray, left: np.ndarray,
                         right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray,
                         cmass: np.ndarray, spid: np.ndarray, offset: np.ndarray, soff: np.ndarray,
@@ -229,8 +208,8 @@ def _rebuild_tree_cache(m: int, t: int, g: int, root: np.ndarray, left: np.ndarr
             cmass[m, t, used] = 1  # taken (set exactly below)
             used += 1
     for c in range(used - 1, -1, -1):
-        _compute_entry(c, chosen[c], m, t, g, left, right, cslot, cbox, cmass, spid, offset,
-                       soff, arena, stack, lo, hi, loi, hii)
+        _compute_entry(c, chosen[c], m, t, g, left, right, cslot, cbox, cmass, soff, arena,
+                       stack, lo, hi, loi, hii)
 
 
 @njit(cache=True, error_model="numpy")
@@ -244,182 +223,49 @@ def _splitmix_uniform(state: np.int64) -> tuple[np.int64, float]:
     return np.int64(x), (float(z >> np.uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
 
 
-@njit(cache=True, error_model="numpy", fastmath=_SUM_MATH)
-def _insert_into_trees(
-    q: np.ndarray,
-    slot: int,
-    m: int,
-    g: int,
-    t0: int,
-    t1: int,
-    threshold: int,
-    root: np.ndarray,
-    free_head: np.ndarray,
-    cut_dim: np.ndarray,
-    cut_val: np.ndarray,
-    left: np.ndarray,
-    right: np.ndarray,
-    cslot: np.ndarray,
-    cbox: np.ndarray,
-    cmass: np.ndarray,
-    spid: np.ndarray,
-    offset: np.ndarray, soff: np.ndarray,
-    arena: np.ndarray,
-    meta: np.ndarray,
-    path: np.ndarray,
-    stack: np.ndarray,
-    lo: np.ndarray,
-    hi: np.ndarray,
-    loi: np.ndarray,
-    hii: np.ndarray,
-    wid: np.ndarray,
+@njit(cache=True, error_model="numpy")
+def _splice_cuts(
+    q: np.ndarray, slot: int, m: int, g: int, t0: int, t1: int, pend_level: np.ndarray,
+    pend_dim: np.ndarray, pend_val: np.ndarray, pend_inside: np.ndarray, root: np.ndarray,
+    free_head: np.ndarray, cut_dim: np.ndarray, cut_val: np.ndarray, left: np.ndarray,
+    right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray, cmass: np.ndarray,
+    soff: np.ndarray, arena: np.ndarray, path: np.ndarray,
 ) -> None:
-    """Insert sampler slot ``slot`` (whose point is ``q``, not a duplicate) into trees
-    t0 .. t1-1 of group g. Loops written out for the reason given at ``_score_forest``."""
+    """Insert sampler slot ``slot`` (point ``q``, not a duplicate) into trees t0 .. t1-1 of
+    group g at the cuts ``_walk_forest`` drew, and add it to the cached boxes above it
+    (``_grow_caches`` adds new entries, once the evicted point is out)."""
     dim = q.shape[0]
     new_leaf = -(slot + 2)
-    rng = meta[m, META_RNG]
     for t in range(t0, t1):
-        if root[m, t] == -1:
+        cdim = pend_dim[t]
+        if cdim < 0:
             root[m, t] = new_leaf
             continue
-        node = np.int64(root[m, t])
-        depth = 0
-        while node >= 0:
-            path[depth] = node
-            depth += 1
-            if q[cut_dim[m, t, node]] <= cut_val[m, t, node]:
-                node = np.int64(left[m, t, node])
+        cval = pend_val[t]
+        at = pend_level[t]
+        # The tree is as the walk saw it, so q's way down passes the same nodes.
+        below = np.int64(root[m, t])
+        for level in range(at + 1):
+            path[level] = below
+            if q[cut_dim[m, t, below]] <= cut_val[m, t, below]:
+                below = np.int64(left[m, t, below])
             else:
-                node = np.int64(right[m, t, node])
-        leaf = node
-        off = np.uint64(soff[m, g, np.uint64(-leaf - 2)])
-        for d in range(dim):
-            v = arena[m, off + np.uint64(d)]
-            lo[d] = v
-            hi[d] = v
-        cur = leaf
-        level = depth - 1
-        saved_node = leaf
-        saved_level = level
-        saved_dim = -1
-        saved_val = np.float32(0.0)
-        inside = -1
-        while True:
-            contains = True
-            for d in range(dim):
-                if q[d] < lo[d] or q[d] > hi[d]:
-                    contains = False
-                    break
-            if contains:
-                # No cut inside a box that holds q separates it: draw (AWS draws one per
-                # level, so the random stream stays the same) and stop. Boxes of
-                # path[0 .. inside] contain q (they hold box(cur)).
-                rng, _ = _splitmix_uniform(rng)
-                inside = level + 1
-                break
-            # AWS's randomCut: a dimension chosen in proportion to the range of box U {q},
-            # a value uniform in it (kept in [min, max) so both sides are non-empty).
-            rng, factor = _splitmix_uniform(rng)
-            span = 0.0
-            for d in range(dim):
-                width = float(max(hi[d], q[d])) - float(min(lo[d], q[d]))
-                wid[d] = width
-                span += width
-            brk = factor * span
-            cdim = -1
-            last = -1
-            cval = np.float32(0.0)
-            for d in range(dim):
-                width = wid[d]
-                if width > 0.0:
-                    last = d
-                    if brk <= width:
-                        mn = min(lo[d], q[d])
-                        mx = max(hi[d], q[d])
-                        cval = np.float32(float(mn) + brk)
-                        if cval >= mx:
-                            cval = np.float32(np.nextafter(mx, mn))
-                        cdim = d
-                        break
-                brk -= width
-            if cdim < 0:
-                # Rounding left brk above the last width: cut just below its top.
-                cdim = last
-                cval = np.float32(np.nextafter(max(hi[last], q[last]),
-                                               min(lo[last], q[last])))
-            if (q[cdim] <= cval and cval < lo[cdim]) or (q[cdim] > cval and cval >= hi[cdim]):
-                saved_node = cur
-                saved_level = level
-                saved_dim = cdim
-                saved_val = cval
-            if level < 0:
-                break
-            parent = path[level]
-            if left[m, t, parent] == cur:
-                sibling = np.int64(right[m, t, parent])
-            else:
-                sibling = np.int64(left[m, t, parent])
-            c = cslot[m, t, parent]
-            if c != _NONE and sibling >= 0:  # a leaf sibling is cheaper than the box
-                cu = np.uint64(c)
-                for d in range(dim):
-                    du = np.uint64(d)
-                    sl = soff[m, g, np.uint64(cbox[m, t, cu, 0, du])]
-                    sh = soff[m, g, np.uint64(cbox[m, t, cu, 1, du])]
-                    lo[d] = arena[m, np.uint64(sl) + du]
-                    hi[d] = arena[m, np.uint64(sh) + du]
-            elif sibling < 0:
-                loff = np.uint64(soff[m, g, np.uint64(-sibling - 2)])
-                for d in range(dim):
-                    v = arena[m, loff + np.uint64(d)]
-                    lo[d] = v if v < lo[d] else lo[d]
-                    hi[d] = v if v > hi[d] else hi[d]
-            else:
-                top = 1
-                stack[0] = sibling
-                while top > 0:
-                    top -= 1
-                    n = stack[top]
-                    if n >= 0:
-                        k = cslot[m, t, n]
-                        if k != _NONE:
-                            ku = np.uint64(k)
-                            for d in range(dim):
-                                du = np.uint64(d)
-                                sl = soff[m, g, np.uint64(cbox[m, t, ku, 0, du])]
-                                sh = soff[m, g, np.uint64(cbox[m, t, ku, 1, du])]
-                                a = arena[m, np.uint64(sl) + du]
-                                b = arena[m, np.uint64(sh) + du]
-                                lo[d] = a if a < lo[d] else lo[d]
-                                hi[d] = b if b > hi[d] else hi[d]
-                        else:
-                            stack[top] = left[m, t, n]
-                            stack[top + 1] = right[m, t, n]
-                            top += 2
-                    else:
-                        loff = np.uint64(soff[m, g, np.uint64(-n - 2)])
-                        for d in range(dim):
-                            v = arena[m, loff + np.uint64(d)]
-                            lo[d] = v if v < lo[d] else lo[d]
-                            hi[d] = v if v > hi[d] else hi[d]
-            cur = parent
-            level -= 1
+                below = np.int64(right[m, t, below])
         node = free_head[m, t]
         free_head[m, t] = left[m, t, node]
-        cut_dim[m, t, node] = saved_dim
-        cut_val[m, t, node] = saved_val
-        if q[saved_dim] <= saved_val:
+        cut_dim[m, t, node] = cdim
+        cut_val[m, t, node] = cval
+        if q[cdim] <= cval:
             left[m, t, node] = new_leaf
-            right[m, t, node] = saved_node
+            right[m, t, node] = below
         else:
-            left[m, t, node] = saved_node
+            left[m, t, node] = below
             right[m, t, node] = new_leaf
-        if saved_level < 0:
+        if at < 0:
             root[m, t] = node
         else:
-            parent = path[saved_level]
-            if left[m, t, parent] == saved_node:
+            parent = path[at]
+            if left[m, t, parent] == below:
                 left[m, t, parent] = node
             else:
                 right[m, t, parent] = node
@@ -427,12 +273,10 @@ def _insert_into_trees(
             continue
         # Every cached ancestor of the new node gained the point; the boxes of those the
         # walk found to contain it stay as they are.
-        candidate = int(node)
-        for level in range(saved_level, -1, -1):
-            a = path[level]
-            c = cslot[m, t, a]
+        inside = pend_inside[t]
+        for level in range(at, -1, -1):
+            c = cslot[m, t, path[level]]
             if c == _NONE:
-                candidate = a
                 continue
             cmass[m, t, c] += 1
             if level <= inside:
@@ -446,14 +290,38 @@ def _insert_into_trees(
                     cbox[m, t, cu, 0, du] = slot
                 if q[d] > arena[m, np.uint64(sh) + du]:
                     cbox[m, t, cu, 1, du] = slot
-        # The highest uncached node on the way (the one with the most leaves) may have
-        # grown into the cache.
+
+
+@njit(cache=True, error_model="numpy")
+def _grow_caches(
+    q: np.ndarray, m: int, g: int, t0: int, t1: int, threshold: int, root: np.ndarray,
+    cut_dim: np.ndarray, cut_val: np.ndarray, left: np.ndarray, right: np.ndarray,
+    cslot: np.ndarray, cbox: np.ndarray, cmass: np.ndarray, soff: np.ndarray,
+    arena: np.ndarray, stack: np.ndarray, lo: np.ndarray, hi: np.ndarray, loi: np.ndarray,
+    hii: np.ndarray,
+) -> None:
+    """After q went into trees t0 .. t1-1: the highest uncached node on q's way down (the
+    one with the most leaves) may have grown into the cache.
+
+    Runs after the evicted point is out: a new entry is built from the cached entries
+    below it, and until then those may name the evicted point's slot for the new point."""
+    if cmass.shape[2] == 0:
+        return
+    for t in range(t0, t1):
         free = -1
         for c in range(cmass.shape[2]):
             if cmass[m, t, c] == 0:
                 free = c
                 break
         if free < 0:
+            continue
+        candidate = np.int64(root[m, t])
+        while candidate >= 0 and cslot[m, t, candidate] != _NONE:
+            if q[cut_dim[m, t, candidate]] <= cut_val[m, t, candidate]:
+                candidate = np.int64(left[m, t, candidate])
+            else:
+                candidate = np.int64(right[m, t, candidate])
+        if candidate < 0:
             continue
         # Its leaves, counted until the threshold (cached subtrees by their mass).
         count = 0
@@ -472,9 +340,8 @@ def _insert_into_trees(
                 top += 2
         if count >= threshold:
             cslot[m, t, candidate] = free
-            _compute_entry(free, candidate, m, t, g, left, right, cslot, cbox, cmass, spid,
-                           offset, soff, arena, stack, lo, hi, loi, hii)
-    meta[m, META_RNG] = rng
+            _compute_entry(free, candidate, m, t, g, left, right, cslot, cbox, cmass, soff,
+                           arena, stack, lo, hi, loi, hii)
 
 
 @njit(cache=True, error_model="numpy")
@@ -496,8 +363,7 @@ def _delete_from_trees(
     cslot: np.ndarray,
     cbox: np.ndarray,
     cmass: np.ndarray,
-    spid: np.ndarray,
-    offset: np.ndarray, soff: np.ndarray,
+    soff: np.ndarray,
     arena: np.ndarray,
     path: np.ndarray,
     stack: np.ndarray,
@@ -741,45 +607,15 @@ def _heaviest(weight_g: np.ndarray, size: int) -> int:
 
 
 @njit(cache=True, error_model="numpy")
-def _learn(
-    q: np.ndarray,
-    shift: int,
-    m: int,
-    decay: float,
-    meta: np.ndarray,
-    weight: np.ndarray,
-    spid: np.ndarray,
-    ssize: np.ndarray,
-    heavy: np.ndarray,
-    root: np.ndarray,
-    free_head: np.ndarray,
-    cut_dim: np.ndarray,
-    cut_val: np.ndarray,
-    left: np.ndarray,
-    right: np.ndarray,
-    cslot: np.ndarray,
-    cbox: np.ndarray,
-    cmass: np.ndarray,
-    threshold: int,
-    arena: np.ndarray,
-    offset: np.ndarray,
-    soff: np.ndarray,
-    refcnt: np.ndarray,
-    path: np.ndarray,
-    stack: np.ndarray,
-    lo: np.ndarray,
-    hi: np.ndarray,
-    loi: np.ndarray,
-    hii: np.ndarray,
-    wid: np.ndarray,
-    ybuf: np.ndarray,
-) -> None:
-    """Offer the shingled point ``q`` to every sampler of model m and update its trees."""
+def _offer(m: int, decay: float, meta: np.ndarray, weight: np.ndarray, ssize: np.ndarray,
+           heavy: np.ndarray, accept: np.ndarray, wnew: np.ndarray) -> bool:
+    """Each sampler of model m decides on the next point (AWS's time-decayed reservoir):
+    ``accept[g]`` 0 rejects it, 1 puts it in a free slot, 2 evicts the heaviest slot;
+    ``wnew[g]`` is its weight. Nothing changes yet but the weights' base (and the random
+    state): the trees take the point in ``_take``, after the walk that scores it. Returns
+    whether any sampler took it."""
     groups = weight.shape[1]
     capacity = weight.shape[2]
-    trees = root.shape[1]
-    per_group = trees // groups
-    dim = q.shape[0]
     seq = meta[m, META_SEQ]
     if (seq - meta[m, META_WBASE]) * decay > _WEIGHT_RENORM:
         delta = np.float32((seq - meta[m, META_WBASE]) * decay)
@@ -788,10 +624,11 @@ def _learn(
                 weight[m, g, s] += delta
         meta[m, META_WBASE] = seq
     base = -(seq - meta[m, META_WBASE]) * decay
-    new_pid = -1
+    taken = False
     for g in range(groups):
         size = ssize[m, g]
         w = np.float32(base + np.log(-np.log(_uniform(meta, m))))
+        wnew[g] = w
         initial = False
         if size < capacity:
             fill = size / capacity
@@ -802,18 +639,61 @@ def _learn(
                     1.0 - _INITIAL_ACCEPT_FRACTION
                 )
             initial = _uniform(meta, m) < accept_p
-        top = heavy[m, g]
-        if not initial and (size == 0 or w >= weight[m, g, top]):
+        if initial:
+            accept[g] = 1
+        elif size > 0 and w < weight[m, g, heavy[m, g]]:
+            accept[g] = 2
+        else:
+            accept[g] = 0
+        taken = taken or accept[g] != 0
+    return taken
+
+
+@njit(cache=True, error_model="numpy")
+def _take(
+    q: np.ndarray, shift: int, m: int, accept: np.ndarray, wnew: np.ndarray, dup: np.ndarray,
+    pend_level: np.ndarray, pend_dim: np.ndarray, pend_val: np.ndarray,
+    pend_inside: np.ndarray, threshold: int, meta: np.ndarray, weight: np.ndarray,
+    spid: np.ndarray, ssize: np.ndarray, heavy: np.ndarray, root: np.ndarray,
+    free_head: np.ndarray, cut_dim: np.ndarray, cut_val: np.ndarray, left: np.ndarray,
+    right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray, cmass: np.ndarray,
+    arena: np.ndarray, offset: np.ndarray, soff: np.ndarray, refcnt: np.ndarray,
+    path: np.ndarray, stack: np.ndarray, lo: np.ndarray, hi: np.ndarray, loi: np.ndarray,
+    hii: np.ndarray, ybuf: np.ndarray,
+) -> None:
+    """Put ``q`` into every sampler that accepted it (``_offer``) and into their trees at
+    the cuts the walk drew, then take out the points it evicted.
+
+    Insertion comes before deletion because the cuts were drawn on the trees as they
+    were; in distribution that is the same as AWS's delete-then-insert (each keeps a tree
+    a random cut tree of its sample). While both are in a tree, the evicted point's leaf
+    and the new one carry the same slot, whose offset already names the new point: the
+    deletion finds the old leaf by its coordinates and re-derives every cached extreme
+    that names the slot, which covers the boxes that read the wrong point meanwhile; new
+    cache entries, which are built from those, are made only after it."""
+    groups = weight.shape[1]
+    per_group = root.shape[1] // groups
+    dim = q.shape[0]
+    new_pid = -1
+    for g in range(groups):
+        if accept[g] == 0:
             continue
         t0 = g * per_group
-        if initial:
+        t1 = t0 + per_group
+        size = ssize[m, g]
+        old_pid = -1
+        replacement = -1
+        if accept[g] == 1:
             slot = size
             ssize[m, g] = size + 1
         else:
-            # Evict the heaviest (oldest-weighted) slot from every tree of the group.
-            slot = top
+            slot = heavy[m, g]
             old_pid = spid[m, g, slot]
-            replacement = -1
+            if dup[g] == old_pid:
+                # The point re-enters the slot that holds it: only its weight changes.
+                weight[m, g, slot] = wnew[g]
+                heavy[m, g] = _heaviest(weight[m, g], size)
+                continue
             for s in range(size):
                 if s != slot and spid[m, g, s] == old_pid:
                     replacement = s
@@ -821,38 +701,35 @@ def _learn(
             old_off = offset[m, old_pid]
             for d in range(dim):
                 ybuf[d] = arena[m, old_off + d]
-            _delete_from_trees(ybuf, slot, replacement, m, g, t0, t0 + per_group, threshold,
-                               root, free_head, cut_dim, cut_val, left, right, cslot, cbox,
-                               cmass, spid, offset, soff, arena, path, stack, lo, hi, loi, hii)
-            spid[m, g, slot] = -1
-            _release_point(old_pid, m, offset, refcnt, meta)
-        # Duplicate of a point already in this group's sample? (All its trees agree.)
-        dup_pid = -1
-        if root[m, t0] != -1:
-            leaf, _ = _descend(q, m, t0, root, cut_dim, cut_val, left, right, path)
-            lp = spid[m, g, -leaf - 2]
-            loff = offset[m, lp]
-            dup_pid = lp
-            for d in range(dim):
-                if arena[m, loff + d] != q[d]:
-                    dup_pid = -1
-                    break
-        if dup_pid >= 0:
-            pid = dup_pid
-        else:
+            if replacement >= 0:
+                # Another slot holds the evicted point: its leaf is only renamed, which
+                # leaves the trees' shapes (and so the drawn cuts) as they were.
+                _delete_from_trees(ybuf, slot, replacement, m, g, t0, t1, threshold, root,
+                                   free_head, cut_dim, cut_val, left, right, cslot, cbox,
+                                   cmass, soff, arena, path, stack, lo, hi, loi, hii)
+        pid = dup[g]
+        if pid < 0:
             if new_pid < 0:
                 new_pid = _store_point(q, shift, m, arena, offset, refcnt, meta, spid, soff)
             pid = new_pid
         spid[m, g, slot] = pid
         soff[m, g, slot] = offset[m, pid]
-        weight[m, g, slot] = w
+        weight[m, g, slot] = wnew[g]
         heavy[m, g] = _heaviest(weight[m, g], ssize[m, g])
         refcnt[m, pid] += 1
-        if dup_pid < 0:
-            _insert_into_trees(q, slot, m, g, t0, t0 + per_group, threshold, root, free_head,
-                               cut_dim, cut_val, left, right, cslot, cbox, cmass, spid, offset,
-                               soff, arena, meta, path, stack, lo, hi, loi, hii, wid)
-    meta[m, META_SEQ] = seq + 1
+        if dup[g] < 0:
+            _splice_cuts(q, slot, m, g, t0, t1, pend_level, pend_dim, pend_val, pend_inside,
+                         root, free_head, cut_dim, cut_val, left, right, cslot, cbox, cmass,
+                         soff, arena, path)
+        if old_pid >= 0:
+            if replacement < 0:
+                _delete_from_trees(ybuf, slot, -1, m, g, t0, t1, threshold, root, free_head,
+                                   cut_dim, cut_val, left, right, cslot, cbox, cmass, soff,
+                                   arena, path, stack, lo, hi, loi, hii)
+            _release_point(old_pid, m, offset, refcnt, meta)
+        if dup[g] < 0:
+            _grow_caches(q, m, g, t0, t1, threshold, root, cut_dim, cut_val, left, right,
+                         cslot, cbox, cmass, soff, arena, stack, lo, hi, loi, hii)
 
 
 @njit(cache=True, error_model="numpy")
@@ -887,36 +764,59 @@ def _stream_in(cut_dim_m: np.ndarray, cut_val_m: np.ndarray, left_m: np.ndarray,
 
 
 @njit(cache=True, error_model="numpy", fastmath=_SCORE_MATH)
-def _score_forest(
-    q: np.ndarray, m: int, attribute: bool, root: np.ndarray, cut_dim: np.ndarray,
-    cut_val: np.ndarray, left: np.ndarray, right: np.ndarray, cslot: np.ndarray,
-    cbox: np.ndarray, spid: np.ndarray, ssize: np.ndarray, offset: np.ndarray, soff: np.ndarray,
-    arena: np.ndarray, path: np.ndarray, stack: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-    ghigh: np.ndarray, glow: np.ndarray, vhigh: np.ndarray, vlow: np.ndarray,
-    high_i: np.ndarray, low_i: np.ndarray,
+def _walk_forest(
+    q: np.ndarray, m: int, attribute: bool, score: bool, accept: np.ndarray, dup: np.ndarray,
+    pend_level: np.ndarray, pend_dim: np.ndarray, pend_val: np.ndarray,
+    pend_inside: np.ndarray, root: np.ndarray, cut_dim: np.ndarray, cut_val: np.ndarray,
+    left: np.ndarray, right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray,
+    spid: np.ndarray, ssize: np.ndarray, soff: np.ndarray, arena: np.ndarray,
+    meta: np.ndarray, path: np.ndarray, stack: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+    ghigh: np.ndarray, glow: np.ndarray, vhigh: np.ndarray,
+    vlow: np.ndarray, high_i: np.ndarray, low_i: np.ndarray,
 ) -> float:
-    """Model m's score of ``q`` (mean over trees); with ``attribute`` also its DiVector in
-    ``high_i``/``low_i`` (mean over trees, summing to the score).
+    """Model m's score of ``q`` (mean over trees) and, in the trees of every group that
+    accepted q (``accept[g] != 0``), the cut that will insert it; with ``attribute`` also the
+    DiVector in ``high_i``/``low_i`` (mean over trees, summing to the score). With ``score``
+    False only the accepting groups are walked (learning before ``output_after``).
 
-    Per tree: AWS's score, bottom-up from the leaf q falls into, with the box of each
-    ancestor from the cache or grown by the sibling subtree. One function with the loops
-    written out: every call of a numba function that takes arrays costs atomic reference
-    counts (the refcount pruner gives up on callees that may raise), which measured as much
-    as the work itself."""
+    Scoring and AWS's bottom-up insertion take the same walk: descend by the cuts to a
+    leaf, then climb, growing the box of each ancestor (from the cache, or by adding the
+    sibling subtree), until a box contains q. Scoring mixes in each level's probability of
+    separation; insertion draws one random cut per level in box U {q} and keeps the highest
+    that separates q (a draw that separates with exactly that probability). One walk does
+    both, on the trees as they were before this point:
+    ``pend_level[t]`` (the cut goes between ``path[level]`` and the node below it, -1: above
+    the root), ``pend_dim``/``pend_val`` (the cut; dim -1: the tree is empty) and
+    ``pend_inside`` (the lowest level whose box holds q, -1 none) are what ``_splice_cuts``
+    applies. ``dup[g]`` is the point id q duplicates in group g (-1 none): a duplicate
+    joins its leaf and needs no cut.
+
+    One function with the loops written out: every call of a numba function that takes
+    arrays costs atomic reference counts (the refcount pruner gives up on callees that may
+    raise), which measured as much as the work itself."""
     groups = spid.shape[1]
     trees = root.shape[1]
     per_group = trees // groups
     dim = q.shape[0]
+    rng = meta[m, META_RNG]
     total = 0.0
     for g in range(groups):
+        draw = accept[g] != 0
+        if not (score or draw):
+            continue
+        t0 = g * per_group
         size = ssize[m, g]
+        if draw:
+            dup[g] = -1
         if size == 0:
+            for t in range(t0, t0 + per_group):
+                pend_dim[t] = -1
             continue
         norm = np.log2(size + 1.0)
         ghigh[:] = 0.0
         glow[:] = 0.0
         group_total = 0.0
-        for t in range(g * per_group, (g + 1) * per_group):
+        for t in range(t0, t0 + per_group):
             # Descend to the leaf.
             node = np.int64(root[m, t])
             depth = 0
@@ -936,87 +836,89 @@ def _score_forest(
                     equal = False
                     break
             if equal:
+                # q is a sampled point: every tree of the group leads it to that point's
+                # leaf (the first tree tells), so an accepting group only counts it again.
+                if draw:
+                    dup[g] = pid
+                    draw = False
                 mass = 0
                 for s in range(size):
                     if spid[m, g, s] == pid:
                         mass += 1
-                score = (1.0 - mass / (2.0 * size)) / (depth + np.log2(mass + 1.0))
+                score_t = (1.0 - mass / (2.0 * size)) / (depth + np.log2(mass + 1.0))
                 if attribute:
-                    share = score / (2.0 * dim)
+                    share = score_t / (2.0 * dim)
                     for d in range(dim):
                         ghigh[d] += share
                         glow[d] += share
-                group_total += score
+                group_total += score_t
                 continue
-            # The leaf is a box holding one point: the separation probability is 1.
-            score = 1.0 / (depth + 1.0)
+            # Climb from the leaf (level == depth: its box is its point) until a box
+            # holds q.
             for d in range(dim):
                 v = arena[m, off + np.uint64(d)]
                 lo[d] = v
                 hi[d] = v
             if attribute:
-                absum = 0.0
-                for d in range(dim):
-                    diff = np.float64(q[d]) - np.float64(lo[d])
-                    vhigh[d] = max(diff, 0.0)
-                    vlow[d] = max(-diff, 0.0)
-                    absum += abs(diff)
-                for d in range(dim):
-                    vhigh[d] = vhigh[d] / absum * score
-                    vlow[d] = vlow[d] / absum * score
+                vhigh[:] = 0.0
+                vlow[:] = 0.0
+            score_t = 0.0
+            pend_inside[t] = -1
             child = leaf
-            for level in range(depth - 1, -1, -1):
-                node = path[level]
-                if left[m, t, node] == child:
-                    sibling = np.int64(right[m, t, node])
-                else:
-                    sibling = np.int64(left[m, t, node])
-                c = cslot[m, t, node]
-                # A cached box costs 2 * D scattered reads; a sibling that is a single leaf
-                # is D contiguous floats, so it is grown even when the box is cached.
-                if c != _NONE and sibling >= 0:
-                    cu = np.uint64(c)
-                    for d in range(dim):
-                        du = np.uint64(d)
-                        sl = soff[m, g, np.uint64(cbox[m, t, cu, 0, du])]
-                        sh = soff[m, g, np.uint64(cbox[m, t, cu, 1, du])]
-                        lo[d] = arena[m, np.uint64(sl) + du]
-                        hi[d] = arena[m, np.uint64(sh) + du]
-                elif sibling < 0:
-                    loff = np.uint64(soff[m, g, np.uint64(-sibling - 2)])
-                    for d in range(dim):
-                        v = arena[m, loff + np.uint64(d)]
-                        lo[d] = v if v < lo[d] else lo[d]
-                        hi[d] = v if v > hi[d] else hi[d]
-                else:
-                    top = 1
-                    stack[0] = sibling
-                    while top > 0:
-                        top -= 1
-                        n = stack[top]
-                        if n >= 0:
-                            k = cslot[m, t, n]
-                            if k != _NONE:
-                                ku = np.uint64(k)
-                                for d in range(dim):
-                                    du = np.uint64(d)
-                                    sl = soff[m, g, np.uint64(cbox[m, t, ku, 0, du])]
-                                    sh = soff[m, g, np.uint64(cbox[m, t, ku, 1, du])]
-                                    a = arena[m, np.uint64(sl) + du]
-                                    b = arena[m, np.uint64(sh) + du]
-                                    lo[d] = a if a < lo[d] else lo[d]
-                                    hi[d] = b if b > hi[d] else hi[d]
+            for level in range(depth, -1, -1):
+                if level < depth:
+                    node = path[level]
+                    if left[m, t, node] == child:
+                        sibling = np.int64(right[m, t, node])
+                    else:
+                        sibling = np.int64(left[m, t, node])
+                    child = node
+                    c = cslot[m, t, node]
+                    # A cached box costs 2 * D scattered reads; a sibling that is a single
+                    # leaf is D contiguous floats, so it is grown even when the box is cached.
+                    if c != _NONE and sibling >= 0:
+                        cu = np.uint64(c)
+                        for d in range(dim):
+                            du = np.uint64(d)
+                            sl = soff[m, g, np.uint64(cbox[m, t, cu, 0, du])]
+                            sh = soff[m, g, np.uint64(cbox[m, t, cu, 1, du])]
+                            lo[d] = arena[m, np.uint64(sl) + du]
+                            hi[d] = arena[m, np.uint64(sh) + du]
+                    elif sibling < 0:
+                        loff = np.uint64(soff[m, g, np.uint64(-sibling - 2)])
+                        for d in range(dim):
+                            v = arena[m, loff + np.uint64(d)]
+                            lo[d] = v if v < lo[d] else lo[d]
+                            hi[d] = v if v > hi[d] else hi[d]
+                    else:
+                        top = 1
+                        stack[0] = sibling
+                        while top > 0:
+                            top -= 1
+                            n = stack[top]
+                            if n >= 0:
+                                k = cslot[m, t, n]
+                                if k != _NONE:
+                                    ku = np.uint64(k)
+                                    for d in range(dim):
+                                        du = np.uint64(d)
+                                        sl = soff[m, g, np.uint64(cbox[m, t, ku, 0, du])]
+                                        sh = soff[m, g, np.uint64(cbox[m, t, ku, 1, du])]
+                                        a = arena[m, np.uint64(sl) + du]
+                                        b = arena[m, np.uint64(sh) + du]
+                                        lo[d] = a if a < lo[d] else lo[d]
+                                        hi[d] = b if b > hi[d] else hi[d]
+                                else:
+                                    stack[top] = left[m, t, n]
+                                    stack[top + 1] = right[m, t, n]
+                                    top += 2
                             else:
-                                stack[top] = left[m, t, n]
-                                stack[top + 1] = right[m, t, n]
-                                top += 2
-                        else:
-                            loff = np.uint64(soff[m, g, np.uint64(-n - 2)])
-                            for d in range(dim):
-                                v = arena[m, loff + np.uint64(d)]
-                                lo[d] = v if v < lo[d] else lo[d]
-                                hi[d] = v if v > hi[d] else hi[d]
-                child = node
+                                loff = np.uint64(soff[m, g, np.uint64(-n - 2)])
+                                for d in range(dim):
+                                    v = arena[m, loff + np.uint64(d)]
+                                    lo[d] = v if v < lo[d] else lo[d]
+                                    hi[d] = v if v > hi[d] else hi[d]
+                # lo/hi is now the box of the node at depth ``level`` on q's way.
                 gap = 0.0
                 span = 0.0
                 for d in range(dim):
@@ -1026,11 +928,12 @@ def _score_forest(
                     gap += max(qd - h, 0.0) + max(lw - qd, 0.0)
                     span += h - lw
                 if gap <= 0.0:
+                    pend_inside[t] = level
                     break
                 new_range = span + gap
                 prob = gap / new_range
                 unseen = 1.0 / (level + 1.0)
-                score = prob * unseen + (1.0 - prob) * score
+                score_t = prob * unseen + (1.0 - prob) * score_t
                 if attribute:
                     keep = 1.0 - prob
                     scale = unseen / new_range
@@ -1040,16 +943,57 @@ def _score_forest(
                         gl = float(lo[d]) - float(qd) if qd < lo[d] else 0.0
                         vhigh[d] = gh * scale + keep * vhigh[d]
                         vlow[d] = gl * scale + keep * vlow[d]
+                if draw:
+                    # AWS's randomCut in box U {q}: a dimension chosen in proportion to its
+                    # range, a value uniform in it; it separates q from the box when it
+                    # falls in the gap between them (probability gap / new_range), and then
+                    # it is uniform in that gap. The highest such cut is the one kept.
+                    rng, u = _splitmix_uniform(rng)
+                    r = u * new_range
+                    if r < gap:
+                        cdim = -1
+                        last = -1
+                        width = 0.0
+                        for d in range(dim):
+                            qd = np.float64(q[d])
+                            width = max(qd - np.float64(hi[d]), 0.0) + max(
+                                np.float64(lo[d]) - qd, 0.0)
+                            if width > 0.0:
+                                last = d
+                                if r < width:
+                                    cdim = d
+                                    break
+                                r -= width
+                        if cdim < 0:
+                            # Rounding left r past the last gap: cut at its far end.
+                            cdim = last
+                            r = np.float64(q[last]) - np.float64(hi[last])
+                            if r <= 0.0:
+                                r = np.float64(lo[last]) - np.float64(q[last])
+                        # In [hi, q) when q is above the box, in [q, lo) when below.
+                        if q[cdim] > hi[cdim]:
+                            base = hi[cdim]
+                            end = q[cdim]
+                        else:
+                            base = q[cdim]
+                            end = lo[cdim]
+                        cval = np.float32(np.float64(base) + r)
+                        if cval >= end:
+                            cval = np.float32(np.nextafter(end, base))
+                        pend_level[t] = level - 1
+                        pend_dim[t] = cdim
+                        pend_val[t] = cval
             if attribute:
                 for d in range(dim):
                     ghigh[d] += vhigh[d]
                     glow[d] += vlow[d]
-            group_total += score
+            group_total += score_t
         total += group_total * norm
         if attribute:
             for d in range(dim):
                 high_i[d] += ghigh[d] * norm / trees
                 low_i[d] += glow[d] * norm / trees
+    meta[m, META_RNG] = rng
     return total / trees
 
 
@@ -1104,8 +1048,17 @@ def advance(
     ybuf = np.empty(dim, dtype=np.float32)
     loi = np.empty(dim, dtype=np.int32)
     hii = np.empty(dim, dtype=np.int32)
-    wid = np.empty(dim)
     threshold = cache_threshold(capacity, cmass.shape[2])
+    groups = weight.shape[1]
+    trees = root.shape[1]
+    accept = np.zeros(groups, dtype=np.int8)
+    no_accept = np.zeros(groups, dtype=np.int8)
+    wnew = np.empty(groups, dtype=np.float32)
+    dup = np.empty(groups, dtype=np.int64)
+    pend_level = np.empty(trees, dtype=np.int64)
+    pend_dim = np.empty(trees, dtype=np.int64)
+    pend_val = np.empty(trees, dtype=np.float32)
+    pend_inside = np.empty(trees, dtype=np.int64)
     vhigh = np.empty(dim)
     vlow = np.empty(dim)
     ghigh = np.empty(dim)
@@ -1126,19 +1079,27 @@ def advance(
         low[:] = 0.0
         attributed = False
         full = steps + 1 >= shingle
-        if full and meta[m, META_SEQ] >= output_after and meta[m, META_SEQ] > 0:
+        scoring = full and meta[m, META_SEQ] >= output_after and meta[m, META_SEQ] > 0
+        taking = learn and full and _offer(m, decay, meta, weight, ssize, heavy, accept, wnew)
+        if scoring or taking:
             sink += _stream_in(cut_dim[m], cut_val[m], left[m], right[m], cslot[m], cbox[m],
                                arena[m], meta[m, META_ARENA_END])
-            # Score first without attribution; only a row above its limit (an anomaly,
-            # rare) takes the second pass that also fills the DiVector.
-            scores[i] = _score_forest(q, m, False, root, cut_dim, cut_val, left, right, cslot,
-                                      cbox, spid, ssize, offset, soff, arena, path, stack, lo, hi,
-                                      ghigh, glow, vhigh, vlow, high, low)
-            if scores[i] > attribute_above[i]:
-                _score_forest(q, m, True, root, cut_dim, cut_val, left, right, cslot, cbox,
-                              spid, ssize, offset, soff, arena, path, stack, lo, hi, ghigh, glow,
-                              vhigh, vlow, high, low)
-                attributed = True
+            # Score (and draw the cuts that learn q) without attribution; only a row above
+            # its limit (an anomaly, rare) takes a second pass that fills the DiVector.
+            offered = accept if taking else no_accept
+            total = _walk_forest(q, m, False, scoring, offered, dup,
+                                 pend_level, pend_dim, pend_val, pend_inside, root, cut_dim,
+                                 cut_val, left, right, cslot, cbox, spid, ssize, soff, arena,
+                                 meta, path, stack, lo, hi, ghigh, glow, vhigh, vlow,
+                                 high, low)
+            if scoring:
+                scores[i] = total
+                if total > attribute_above[i]:
+                    _walk_forest(q, m, True, True, no_accept, dup, pend_level, pend_dim,
+                                 pend_val, pend_inside, root, cut_dim, cut_val, left, right,
+                                 cslot, cbox, spid, ssize, soff, arena, meta, path, stack, lo,
+                                 hi, ghigh, glow, vhigh, vlow, high, low)
+                    attributed = True
         for f in range(dims):
             h = 0.0
             lw = 0.0
@@ -1152,10 +1113,13 @@ def advance(
             for d in range(dim):
                 shingle_buf[m, d] = q[d]
             meta[m, META_STEPS] = steps + 1
+            if taking:
+                _take(q, dims, m, accept, wnew, dup, pend_level, pend_dim, pend_val,
+                      pend_inside, threshold, meta, weight, spid, ssize, heavy, root,
+                      free_head, cut_dim, cut_val, left, right, cslot, cbox, cmass, arena,
+                      offset, soff, refcnt, path, stack, lo, hi, loi, hii, ybuf)
             if full:
-                _learn(q, dims, m, decay, meta, weight, spid, ssize, heavy, root, free_head,
-                       cut_dim, cut_val, left, right, cslot, cbox, cmass, threshold, arena,
-                       offset, soff, refcnt, path, stack, lo, hi, loi, hii, wid, ybuf)
+                meta[m, META_SEQ] += 1
             most = max(most, meta[m, META_NPOINTS])
     return most, sink
 

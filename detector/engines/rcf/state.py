@@ -5,7 +5,7 @@ advance any subset of them. Index types are the narrowest that fit the config (u
 dimensions, int16 child codes and point ids for the usual sizes) because memory per model
 is the point of this engine.
 
-Checkpoint layout of one model (little-endian), version 1::
+Checkpoint layout of one model (little-endian), version 2::
 
     b"FPNR"  magic
     u8       version
@@ -32,7 +32,7 @@ from detector.engines.rcf import kernels
 __all__ = ["ForestArrays"]
 
 _MAGIC = b"FPNR"
-_VERSION = 1
+_VERSION = 2
 _HEADER = struct.Struct("<4sB3B8I")
 _DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.uint16): 2, np.dtype(np.int16): 3,
                 np.dtype(np.int32): 4}
@@ -156,12 +156,15 @@ class ForestArrays:
             "heavy": ((g,), np.dtype(np.int32)),
             "root": ((t,), lay.child),
             "free_head": ((t,), lay.child),
-            "cut_dim": ((t, s - 1), lay.cut_dim),
-            "cut_val": ((t, s - 1), np.dtype(np.float32)),
-            "left": ((t, s - 1), lay.child),
-            "right": ((t, s - 1), lay.child),
+            # sample_size internal nodes a tree: one more than a full sample needs, for
+            # the moment a new point is in before the one it evicts is out (version 1 of
+            # the checkpoint had one fewer).
+            "cut_dim": ((t, s), lay.cut_dim),
+            "cut_val": ((t, s), np.dtype(np.float32)),
+            "left": ((t, s), lay.child),
+            "right": ((t, s), lay.child),
             "soff": ((g, s), lay.arena_offset),
-            "cslot": ((t, s - 1), np.dtype(np.uint8)),
+            "cslot": ((t, s), np.dtype(np.uint8)),
             "cbox": ((t, self.cache_entries, 2, lay.dim), lay.box_index),
             "cmass": ((t, self.cache_entries), np.dtype(np.uint16)),
             "offset": ((lay.pids,), np.dtype(np.int32)),
@@ -205,7 +208,7 @@ class ForestArrays:
         self.free_head[m] = 0
         self.cut_dim[m] = 0
         self.cut_val[m] = 0.0
-        chain = np.arange(1, s, dtype=np.int64)
+        chain = np.arange(1, s + 1, dtype=np.int64)
         chain[-1] = -1
         self.left[m] = chain.astype(self.layout.child)
         self.right[m] = -1
@@ -326,7 +329,7 @@ def _check_ranges(arrays: dict[str, npt.NDArray], config: EngineConfig, lay: _La
     problems = []
     for name in ("root", "free_head", "left", "right"):
         a = arrays[name].astype(np.int64)
-        if a.size and (a.min() < -(s + 1) or a.max() > s - 2):
+        if a.size and (a.min() < -(s + 1) or a.max() > s - 1):
             problems.append(name)
     if arrays["cut_dim"].size and int(arrays["cut_dim"].max()) >= lay.dim:
         problems.append("cut_dim")
