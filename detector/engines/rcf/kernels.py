@@ -340,8 +340,8 @@ def _grow_caches(
                 top += 2
         if count >= threshold:
             cslot[m, t, candidate] = free
-            _compute_entry(free, candidate, m, t, g, left, right, cslot, cbox, cmass, soff,
-                           arena, stack, lo, hi, loi, hii)
+            _compute_entry(free, int(candidate), m, t, g, left, right, cslot, cbox, cmass,
+                           soff, arena, stack, lo, hi, loi, hii)
 
 
 @njit(cache=True, error_model="numpy")
