@@ -53,7 +53,7 @@ class NumbaEngine(ForestEngine):
         scores = np.zeros(n, dtype=np.float64)
         attribution = np.zeros((n, cfg.dims), dtype=np.float64)
         direction = np.zeros((n, cfg.dims), dtype=np.int8)
-        most, _ = kernels.advance(  # type: ignore[call-arg]  # numba's Dispatcher stub takes no args
+        most = kernels.advance(  # type: ignore[call-arg]  # numba's Dispatcher stub takes no args
             ids, pts, learn, above, cfg.effective_output_after, cfg.effective_time_decay,
             *self._state.kernel_arrays(), scores, attribution, direction,
         )

@@ -36,6 +36,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from detector.engines.rcf.prefetch import prefetch_lines
+
 # Indices into the per-model int64 scalar block ``meta[m, :]``.
 META_STEPS = 0  # base vectors seen (shingle fill included)
 META_SEQ = 1  # complete shingled points learned (AWS's entries seen)
@@ -733,34 +735,17 @@ def _take(
 
 
 @njit(cache=True, error_model="numpy")
-def _stream_in(cut_dim_m: np.ndarray, cut_val_m: np.ndarray, left_m: np.ndarray,
-               right_m: np.ndarray, cslot_m: np.ndarray, cbox_m: np.ndarray,
-               arena_m: np.ndarray, end: int) -> float:
-    """Read one value per cache line of model m's trees, boxes and points, in order.
-
-    Scoring visits these in pointer-chasing order; with thousands of models they are not in
-    cache, and a sequential sweep first lets the hardware prefetcher stream them in (it
-    costs a fraction of the misses it saves). Returns a value so the reads stay."""
-    acc = 0.0
-    flat = cut_val_m.reshape(-1)
-    for k in range(0, flat.shape[0], 16):
-        acc += flat[k]
-    fb = cbox_m.reshape(-1)
-    for k in range(0, fb.shape[0], 64):
-        acc += fb[k]
-    fs = cslot_m.reshape(-1)
-    for k in range(0, fs.shape[0], 64):
-        acc += fs[k]
-    for k in range(0, end, 16):
-        acc += arena_m[k]
-    fl = left_m.reshape(-1)
-    fr = right_m.reshape(-1)
-    for k in range(0, fl.shape[0], 32):
-        acc += fl[k] + fr[k]
-    fd = cut_dim_m.reshape(-1)
-    for k in range(0, fd.shape[0], 64):
-        acc += fd[k]
-    return acc
+def _prefetch_model(m: int, cut_dim: np.ndarray, cut_val: np.ndarray, left: np.ndarray,
+                    right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray, arena: np.ndarray,
+                    meta: np.ndarray) -> None:
+    """Start bringing model m's trees, boxes and points into cache (see ``prefetch``)."""
+    prefetch_lines(cut_val[m].reshape(-1), cut_val[m].size)
+    prefetch_lines(cut_dim[m].reshape(-1), cut_dim[m].size)
+    prefetch_lines(left[m].reshape(-1), left[m].size)
+    prefetch_lines(right[m].reshape(-1), right[m].size)
+    prefetch_lines(cslot[m].reshape(-1), cslot[m].size)
+    prefetch_lines(cbox[m].reshape(-1), cbox[m].size)
+    prefetch_lines(arena[m], meta[m, META_ARENA_END])
 
 
 @njit(cache=True, error_model="numpy", fastmath=_SCORE_MATH)
@@ -1027,14 +1012,14 @@ def advance(
     scores: np.ndarray,
     attribution: np.ndarray,
     direction: np.ndarray,
-) -> tuple[int, float]:
+) -> int:
     """Score each row's shingled point against its model (and learn it if ``learn``).
 
     For rows whose score exceeds ``attribute_above``, ``attribution[i, f]`` is base feature
     f's share of the forest's DiVector (averaged over trees, summed over its shingle
     positions, high + low) and ``direction[i, f]`` the sign of high - low; zeros elsewhere.
     Returns the most live points any learning model now holds (the arena must fit one more
-    after compaction) and the sum the cache sweeps read (so they are not optimised away)."""
+    after compaction)."""
     n = ids.shape[0]
     dims = points.shape[1]
     dim = shingle_buf.shape[1]
@@ -1065,10 +1050,15 @@ def advance(
     glow = np.empty(dim)
     high = np.empty(dim)
     low = np.empty(dim)
-    sink = 0.0
     most = 0
+    if n > 0:
+        _prefetch_model(ids[0], cut_dim, cut_val, left, right, cslot, cbox, arena, meta)
     for i in range(n):
         m = ids[i]
+        if i + 1 < n:
+            # The next row's model streams in while this one is walked.
+            _prefetch_model(ids[i + 1], cut_dim, cut_val, left, right, cslot, cbox, arena,
+                            meta)
         for d in range(dim - dims):
             q[d] = shingle_buf[m, d + dims]
         for d in range(dims):
@@ -1082,8 +1072,6 @@ def advance(
         scoring = full and meta[m, META_SEQ] >= output_after and meta[m, META_SEQ] > 0
         taking = learn and full and _offer(m, decay, meta, weight, ssize, heavy, accept, wnew)
         if scoring or taking:
-            sink += _stream_in(cut_dim[m], cut_val[m], left[m], right[m], cslot[m], cbox[m],
-                               arena[m], meta[m, META_ARENA_END])
             # Score (and draw the cuts that learn q) without attribution; only a row above
             # its limit (an anomaly, rare) takes a second pass that fills the DiVector.
             offered = accept if taking else no_accept
@@ -1121,7 +1109,7 @@ def advance(
             if full:
                 meta[m, META_SEQ] += 1
             most = max(most, meta[m, META_NPOINTS])
-    return most, sink
+    return most
 
 
 @njit(cache=True, error_model="numpy")
