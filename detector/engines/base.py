@@ -164,7 +164,7 @@ def check_batch(
         raise ValueError(
             f"points must have shape ({len(ids)}, {config.dims}), got {tuple(pts.shape)}"
         )
-    if not np.all(np.isfinite(pts)):
+    if not np.isfinite(pts).all():
         raise ValueError("points must be finite (impute NaN before the engine)")
     if len(ids) > 1 and len(np.unique(ids)) != len(ids):
         raise ValueError("model ids in one call must be unique")

@@ -47,9 +47,10 @@ class NumbaEngine(ForestEngine):
         if n and (ids.min() < 0 or ids.max() >= self._state.models):
             bad = ids[(ids < 0) | (ids >= self._state.models)][0]
             raise KeyError(f"model {bad} does not exist ({self._state.models} models)")
-        above = np.ascontiguousarray(
-            np.broadcast_to(np.asarray(attribute_above, dtype=np.float64), (n,))
-        )
+        above = np.asarray(attribute_above, dtype=np.float64)
+        # np.full for the usual scalar: broadcast_to costs more than the rest of the call.
+        above = (np.full(n, float(above)) if above.ndim == 0
+                 else np.ascontiguousarray(np.broadcast_to(above, (n,))))
         scores = np.zeros(n, dtype=np.float64)
         attribution = np.zeros((n, cfg.dims), dtype=np.float64)
         direction = np.zeros((n, cfg.dims), dtype=np.int8)
