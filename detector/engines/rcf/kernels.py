@@ -459,18 +459,17 @@ def _delete_from_trees(
             if nlo + nhi == 0:
                 continue
             cu = np.uint64(c)
-            top = 2
-            stack[0] = left[m, t, a]
-            stack[1] = right[m, t, a]
-            while top > 0:
-                top -= 1
-                n = stack[top]
+            # Depth first: go left, keep the right child for later.
+            top = 1
+            stack[0] = right[m, t, a]
+            n = np.int64(left[m, t, a])
+            while True:
                 if n >= 0:
                     k = cslot[m, t, n]
                     if k == _NONE:
-                        stack[top] = left[m, t, n]
-                        stack[top + 1] = right[m, t, n]
-                        top += 2
+                        stack[top] = right[m, t, n]
+                        top += 1
+                        n = np.int64(left[m, t, n])
                         continue
                     ku = np.uint64(k)
                     for j in range(nlo):
@@ -502,6 +501,10 @@ def _delete_from_trees(
                         if v > hi[j]:
                             hi[j] = v
                             cbox[m, t, cu, 1, du] = s2
+                if top == 0:
+                    break
+                top -= 1
+                n = stack[top]
 
 
 @njit(cache=True, error_model="numpy")
@@ -876,33 +879,36 @@ def _walk_forest(
                             lo[d] = v if v < lo[d] else lo[d]
                             hi[d] = v if v > hi[d] else hi[d]
                     else:
-                        top = 1
-                        stack[0] = sibling
-                        while top > 0:
-                            top -= 1
-                            n = stack[top]
+                        # Depth first: go left, keep the right child for later.
+                        top = 0
+                        n = sibling
+                        while True:
                             if n >= 0:
                                 k = cslot[m, t, n]
-                                if k != _NONE:
-                                    ku = np.uint64(k)
-                                    for d in range(dim):
-                                        du = np.uint64(d)
-                                        sl = soff[m, g, np.uint64(cbox[m, t, ku, 0, du])]
-                                        sh = soff[m, g, np.uint64(cbox[m, t, ku, 1, du])]
-                                        a = arena[m, np.uint64(sl) + du]
-                                        b = arena[m, np.uint64(sh) + du]
-                                        lo[d] = a if a < lo[d] else lo[d]
-                                        hi[d] = b if b > hi[d] else hi[d]
-                                else:
-                                    stack[top] = left[m, t, n]
-                                    stack[top + 1] = right[m, t, n]
-                                    top += 2
+                                if k == _NONE:
+                                    stack[top] = right[m, t, n]
+                                    top += 1
+                                    n = np.int64(left[m, t, n])
+                                    continue
+                                ku = np.uint64(k)
+                                for d in range(dim):
+                                    du = np.uint64(d)
+                                    sl = soff[m, g, np.uint64(cbox[m, t, ku, 0, du])]
+                                    sh = soff[m, g, np.uint64(cbox[m, t, ku, 1, du])]
+                                    a = arena[m, np.uint64(sl) + du]
+                                    b = arena[m, np.uint64(sh) + du]
+                                    lo[d] = a if a < lo[d] else lo[d]
+                                    hi[d] = b if b > hi[d] else hi[d]
                             else:
                                 loff = np.uint64(soff[m, g, np.uint64(-n - 2)])
                                 for d in range(dim):
                                     v = arena[m, loff + np.uint64(d)]
                                     lo[d] = v if v < lo[d] else lo[d]
                                     hi[d] = v if v > hi[d] else hi[d]
+                            if top == 0:
+                                break
+                            top -= 1
+                            n = stack[top]
                 # lo/hi is now the box of the node at depth ``level`` on q's way.
                 gap = 0.0
                 span = 0.0
