@@ -28,8 +28,11 @@ Measured:
   krcf against krcf with another seed (how far apart RCF's randomness alone puts two runs).
 * detection quality from scores alone (no thresholds): ROC AUC of anomalous against normal
   points, and recall of injected anomalies (events) at a 0.1 % point false-positive rate.
+* with ``--seeds N`` (N > 1), both engines again with seeds ``seed+1 .. seed+N-1``: the
+  spread of each figure that comes from RCF's randomness alone (rank correlation of every
+  numba run and every other krcf run with the krcf run above; AUC and recall of each).
 
-    python -m benchmarks.forest [--json] [--models N] [--steps T] [--no-fleet]
+    python -m benchmarks.forest [--json] [--models N] [--steps T] [--no-fleet] [--seeds N]
 """
 
 from __future__ import annotations
@@ -268,6 +271,37 @@ def quality(run: Run, stream: Stream, warm: int) -> dict[str, Any]:
     }
 
 
+def seed_spread(config: EngineConfig, stream: Stream, warm: int, runs: dict[str, Run],
+                seeds: int) -> dict[str, Any]:
+    """Each engine with ``seeds`` seeds (those above reused): min, mean and max of its rank
+    correlation with the krcf run above, its AUC and its recall."""
+    ref = runs["krcf"].scores[warm:]
+    spread: dict[str, Any] = {"seeds": list(range(config.seed, config.seed + seeds))}
+    for name in ("numba", "krcf"):
+        rho: list[float] = []
+        aucs: list[float] = []
+        recalls: list[float | None] = []
+        for seed in spread["seeds"]:
+            if seed == config.seed:
+                run = runs[name]
+            elif name == "krcf" and seed == config.seed + 1:
+                run = runs["krcf_other_seed"]
+            else:
+                run = run_engine(name, replace(config, seed=seed), stream, warm,
+                                 measure_rss=False)
+            if not (name == "krcf" and seed == config.seed):  # krcf against itself is 1
+                rho.append(spearman(run.scores[warm:], ref))
+            q = quality(run, stream, warm)
+            aucs.append(q["auc"])
+            recalls.append(q["recall_at_fpr"])
+        spread[name] = {key: {"min": round(min(v), 4), "mean": round(float(np.mean(v)), 4),
+                              "max": round(max(v), 4)}
+                        for key, v in (("spearman_vs_krcf", rho), ("auc", aucs),
+                                       ("recall_at_fpr", [r for r in recalls if r is not None]))
+                        if v}
+    return spread
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
@@ -281,6 +315,9 @@ def main() -> None:
     parser.add_argument("--fleet-gpus", type=int, default=128)
     parser.add_argument("--fleet-seconds", type=float, default=1200.0)
     parser.add_argument("--fleet-faults", type=int, default=4)
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="also run both engines with this many seeds in all and report "
+                             "the spread of rho, AUC and recall")
     parser.add_argument("--no-aws-layout", action="store_true",
                         help="skip numba with AWS's one reservoir per tree")
     args = parser.parse_args()
@@ -316,6 +353,8 @@ def main() -> None:
             "synthetic": quality(run, stream, w),
         }
     result["krcf_self_spearman"] = result["engines"]["krcf_other_seed"]["spearman_vs_krcf"]
+    if args.seeds > 1:
+        result["seed_spread"] = seed_spread(config, stream, w, runs, args.seeds)
 
     if not args.no_fleet:
         fleet, fdims = fleet_stream(args.fleet_gpus, args.fleet_seconds, args.fleet_faults,
@@ -353,6 +392,13 @@ def main() -> None:
         summary["krcf_fleet_auc"] = krcf["fleet"]["auc"]
         summary["fleet_recall_at_0.1pct_fpr"] = numba["fleet"]["recall_at_fpr"]
         summary["krcf_fleet_recall_at_0.1pct_fpr"] = krcf["fleet"]["recall_at_fpr"]
+    if "seed_spread" in result:
+        spread = result["seed_spread"]
+        summary["seeds"] = len(spread["seeds"])
+        summary["spearman_vs_krcf_mean"] = spread["numba"]["spearman_vs_krcf"]["mean"]
+        summary["spearman_vs_krcf_min"] = spread["numba"]["spearman_vs_krcf"]["min"]
+        summary["auc_mean"] = spread["numba"]["auc"]["mean"]
+        summary["krcf_auc_mean"] = spread["krcf"]["auc"]["mean"]
     summary["targets_met"] = {
         "updates_per_s": summary["updates_per_s"] >= TARGETS["updates_per_s"],
         "bytes_per_model": summary["bytes_per_model"] <= TARGETS["bytes_per_model"],
@@ -381,6 +427,13 @@ def print_table(result: dict[str, Any]) -> None:
     for r in rows:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
     print(f"krcf vs krcf with another seed: rho = {result['krcf_self_spearman']:.3f}")
+    spread = result.get("seed_spread")
+    if spread:
+        first, last = spread["seeds"][0], spread["seeds"][-1]
+        for name in ("numba", "krcf"):
+            parts = [f"{key} {v['min']:.3f}..{v['max']:.3f} (mean {v['mean']:.3f})"
+                     for key, v in spread[name].items()]
+            print(f"{name}, seeds {first}..{last}: " + ", ".join(parts))
 
 
 if __name__ == "__main__":
