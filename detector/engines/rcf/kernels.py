@@ -13,8 +13,11 @@ advances many models (all GPUs of a frame). The algorithms follow AWS's Java/Rus
   insertion stop as soon as the box contains the point (as AWS does).
 * Insertion is AWS's bottom-up form: descend by the cuts to a leaf, then walk up growing the
   box, drawing one random cut per level in box U {point}, and keep the highest cut that
-  separates the point from the box. Deletion descends by the point and splices the parent
-  out; in cached ancestors, the extremes the deleted slot held are found anew.
+  separates the point from the box. That is the score's walk too, so one walk does both
+  (``_walk_forest``): the samplers decide first, the cuts are drawn while scoring, and the
+  new leaf is spliced in before the evicted point is deleted (``_take``). Deletion descends
+  by the point and splices the parent out; in cached ancestors, the extremes the deleted
+  slot held are found anew.
 * Sampler: time-decayed reservoir as AWS's CompactSampler: weight
   ``-(seq * lambda) + log(-log U)``, keep the ``sample_size`` smallest, accept everything
   while filling (then with AWS's decreasing initial-accept probability). A model has
