@@ -4,6 +4,10 @@ renormalisation keep the model consistent, and memory stays within the budget.""
 
 from __future__ import annotations
 
+import base64
+import json
+from pathlib import Path
+
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -216,3 +220,25 @@ def test_damaged_checkpoints_are_refused_not_run() -> None:
     with pytest.raises(ValueError, match=r"truncated|arena bytes|CRC"):
         engine.restore(0, bytes(good[:-7]))
     engine.restore(0, bytes(good))  # the intact bytes still load
+
+
+def test_version_1_checkpoint_loads_and_scores_as_it_did() -> None:
+    # Written by the engine before insertion shared the scoring walk (one internal node
+    # fewer per tree): an upgraded detector keeps its models instead of starting cold.
+    golden = json.loads((Path(__file__).parent / "golden" / "forest"
+                         / "numba_checkpoint_v1.json").read_text())
+    engine = NumbaEngine(EngineConfig(**golden["config"]))
+    engine.ensure_models(1)
+    data = base64.b64decode(golden["checkpoint_base64"])
+    assert data[4] == 1
+    engine.restore(0, data)
+    probes = np.array(golden["probes"], dtype=np.float32)
+    scores = [engine.score(np.array([0]), probes[i : i + 1]).scores[0] for i in range(len(probes))]
+    np.testing.assert_allclose(scores, golden["scores"], rtol=1e-12)
+    tree_invariants(engine, 0)
+    cache_invariants(engine, 0)
+    # It learns on, and its next checkpoint is the current version.
+    feed(engine, wavy(200, 1, 3, seed=21))
+    tree_invariants(engine, 0)
+    cache_invariants(engine, 0)
+    assert engine.checkpoint(0)[4] == 2

@@ -15,6 +15,9 @@ Checkpoint layout of one model (little-endian), version 2::
     then the arrays of ``_FIELDS`` in order, each exactly the model's slice, except the
     arena, which is compacted first and stored up to its end. The box cache (see
     ``kernels``) is derived state: not stored, refilled on restore.
+
+Version 1 (before insertion shared the scoring walk) had ``sample_size - 1`` internal
+nodes a tree; it still loads, with the extra node added free, and scores as it did.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ __all__ = ["ForestArrays"]
 
 _MAGIC = b"FPNR"
 _VERSION = 2
+_NODE_FIELDS = ("cut_dim", "cut_val", "left", "right")
+"""Fields with one entry per internal node (one fewer per tree in version 1)."""
 _HEADER = struct.Struct("<4sB3B8I")
 _DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.uint16): 2, np.dtype(np.int16): 3,
                 np.dtype(np.int32): 4}
@@ -276,9 +281,9 @@ class ForestArrays:
         if magic != _MAGIC:
             raise ValueError(f"not a numba RCF checkpoint (magic {magic!r}, "
                              f"expected {_MAGIC!r})")
-        if version != _VERSION:
+        if version not in (1, _VERSION):
             raise ValueError(f"unsupported numba RCF checkpoint version {version} "
-                             f"(have {_VERSION})")
+                             f"(have {_VERSION}, and read 1)")
         lay = self.layout
         arena_floats = fields[-1]
         expected = self._header_fields(arena_floats)
@@ -294,6 +299,8 @@ class ForestArrays:
         shapes = self._shapes()
         for name in _FIELDS:
             shape, dtype = shapes[name]
+            if version == 1 and name in _NODE_FIELDS:
+                shape = (shape[0], shape[1] - 1)
             count = int(np.prod(shape))
             size = count * dtype.itemsize
             if pos + size > len(data):
@@ -305,6 +312,8 @@ class ForestArrays:
             raise ValueError(f"numba RCF checkpoint has {len(data) - pos} arena bytes, "
                              f"header says {4 * arena_floats}")
         arena = np.frombuffer(data, dtype="<f4", count=arena_floats, offset=pos)
+        if version == 1:
+            _add_free_node(arrays)
         meta = arrays["meta"]
         if meta[kernels.META_ARENA_END] != arena_floats or not (
             0 <= meta[kernels.META_NPOINTS] <= lay.pids
@@ -319,6 +328,18 @@ class ForestArrays:
         self.arena[m, :arena_floats] = arena
         kernels.rebuild_boxes(m, self.root, self.left, self.right, self.cslot, self.cbox,
                               self.cmass, self.spid, self.offset, self.soff, self.arena)
+
+
+def _add_free_node(arrays: dict[str, npt.NDArray]) -> None:
+    """Give each tree of a version-1 model the internal node version 2 has, on its free
+    list (the trees themselves are unchanged, so are their scores)."""
+    for name in _NODE_FIELDS:
+        a = arrays[name]
+        arrays[name] = np.concatenate([a, np.zeros((a.shape[0], 1), dtype=a.dtype)], axis=1)
+    extra = arrays["left"].shape[1] - 1
+    arrays["left"][:, extra] = arrays["free_head"]
+    arrays["right"][:, extra] = -1
+    arrays["free_head"] = np.full_like(arrays["free_head"], extra)
 
 
 def _check_ranges(arrays: dict[str, npt.NDArray], config: EngineConfig, lay: _Layout,
