@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from detector.engines.rcf.prefetch import prefetch_lines
+from detector.engines.rcf.prefetch import prefetch, prefetch_lines
 
 # Indices into the per-model int64 scalar block ``meta[m, :]``.
 META_STEPS = 0  # base vectors seen (shingle fill included)
@@ -744,7 +744,8 @@ def _take(
 def _prefetch_model(m: int, cut_dim: np.ndarray, cut_val: np.ndarray, left: np.ndarray,
                     right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray, arena: np.ndarray,
                     meta: np.ndarray) -> None:
-    """Start bringing model m's trees, boxes and points into cache (see ``prefetch``)."""
+    """Start bringing model m's trees, boxes and points into cache, all at once (see
+    ``prefetch``): for the first row of a call, which has no row before it to overlap."""
     prefetch_lines(cut_val[m].reshape(-1), cut_val[m].size)
     prefetch_lines(cut_dim[m].reshape(-1), cut_dim[m].size)
     prefetch_lines(left[m].reshape(-1), left[m].size)
@@ -756,7 +757,8 @@ def _prefetch_model(m: int, cut_dim: np.ndarray, cut_val: np.ndarray, left: np.n
 
 @njit(cache=True, error_model="numpy", fastmath=_SCORE_MATH)
 def _walk_forest(
-    q: np.ndarray, m: int, attribute: bool, score: bool, accept: np.ndarray, dup: np.ndarray,
+    q: np.ndarray, m: int, m_next: int, attribute: bool, score: bool, accept: np.ndarray,
+    dup: np.ndarray,
     pend_level: np.ndarray, pend_dim: np.ndarray, pend_val: np.ndarray,
     pend_inside: np.ndarray, root: np.ndarray, cut_dim: np.ndarray, cut_val: np.ndarray,
     left: np.ndarray, right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray,
@@ -791,6 +793,14 @@ def _walk_forest(
     dim = q.shape[0]
     rng = meta[m, META_RNG]
     total = 0.0
+    nodes = cut_val.shape[2]
+    box_row = cbox.shape[2] * 2 * dim
+    step_val = 64 // cut_val.itemsize
+    step_child = 64 // left.itemsize
+    step_dim = 64 // cut_dim.itemsize
+    step_box = 64 // cbox.itemsize
+    next_end = meta[m_next, META_ARENA_END] if m_next >= 0 else 0
+    arena_share = (next_end + trees - 1) // trees
     for g in range(groups):
         draw = accept[g] != 0
         if not (score or draw):
@@ -808,6 +818,26 @@ def _walk_forest(
         glow[:] = 0.0
         group_total = 0.0
         for t in range(t0, t0 + per_group):
+            if m_next >= 0:
+                # Tree t of the next row's model (and a share of its points) streams in
+                # while this tree is walked: a few lines at a time, which the memory
+                # system keeps up with, where a whole model at once it drops.
+                base = (m_next * trees + t) * nodes
+                for k in range(0, nodes, step_val):
+                    prefetch(cut_val, base + k)
+                for k in range(0, nodes, step_child):
+                    prefetch(left, base + k)
+                    prefetch(right, base + k)
+                for k in range(0, nodes, step_dim):
+                    prefetch(cut_dim, base + k)
+                for k in range(0, nodes, 64):
+                    prefetch(cslot, base + k)
+                base = (m_next * trees + t) * box_row
+                for k in range(0, box_row, step_box):
+                    prefetch(cbox, base + k)
+                base = m_next * arena.shape[1] + t * arena_share
+                for k in range(0, min(arena_share, next_end - t * arena_share), 16):
+                    prefetch(arena, base + k)
             # Descend to the leaf.
             node = np.int64(root[m, t])
             depth = 0
@@ -1064,10 +1094,7 @@ def advance(
         _prefetch_model(ids[0], cut_dim, cut_val, left, right, cslot, cbox, arena, meta)
     for i in range(n):
         m = ids[i]
-        if i + 1 < n:
-            # The next row's model streams in while this one is walked.
-            _prefetch_model(ids[i + 1], cut_dim, cut_val, left, right, cslot, cbox, arena,
-                            meta)
+        m_next = ids[i + 1] if i + 1 < n else -1
         for d in range(dim - dims):
             q[d] = shingle_buf[m, d + dims]
         for d in range(dims):
@@ -1084,7 +1111,7 @@ def advance(
             # Score (and draw the cuts that learn q) without attribution; only a row above
             # its limit (an anomaly, rare) takes a second pass that fills the DiVector.
             offered = accept if taking else no_accept
-            total = _walk_forest(q, m, False, scoring, offered, dup,
+            total = _walk_forest(q, m, m_next, False, scoring, offered, dup,
                                  pend_level, pend_dim, pend_val, pend_inside, root, cut_dim,
                                  cut_val, left, right, cslot, cbox, spid, ssize, soff, arena,
                                  meta, path, stack, lo, hi, ghigh, glow, vhigh, vlow,
@@ -1092,7 +1119,7 @@ def advance(
             if scoring:
                 scores[i] = total
                 if total > attribute_above[i]:
-                    _walk_forest(q, m, True, True, no_accept, dup, pend_level, pend_dim,
+                    _walk_forest(q, m, -1, True, True, no_accept, dup, pend_level, pend_dim,
                                  pend_val, pend_inside, root, cut_dim, cut_val, left, right,
                                  cslot, cbox, spid, ssize, soff, arena, meta, path, stack, lo,
                                  hi, ghigh, glow, vhigh, vlow, high, low)
