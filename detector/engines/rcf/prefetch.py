@@ -38,7 +38,10 @@ def _prefetch(typingctx, array, index):
         ptr = builder.bitcast(builder.gep(ary.data, [args[1]]), ir.IntType(8).as_pointer())
         i32 = ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        # The intrinsic is named for its pointer type: p0 where llvmlite emits opaque
+        # pointers, p0i8 where it still emits typed ones (LLVM upgrades that name).
+        name = "llvm.prefetch.p0" if getattr(ptr.type, "is_opaque", False) else "llvm.prefetch.p0i8"
+        fn = cgutils.get_or_insert_function(builder.module, fnty, name)
         builder.call(fn, [ptr, ir.Constant(i32, _READ), ir.Constant(i32, _KEEP_IN_L2),
                           ir.Constant(i32, _DATA)])
         return context.get_dummy_value()
