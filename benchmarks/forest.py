@@ -28,9 +28,10 @@ Measured:
   krcf against krcf with another seed (how far apart RCF's randomness alone puts two runs).
 * detection quality from scores alone (no thresholds): ROC AUC of anomalous against normal
   points, and recall of injected anomalies (events) at a 0.1 % point false-positive rate.
-* with ``--seeds N`` (N > 1), both engines again with seeds ``seed+1 .. seed+N-1``: the
-  spread of each figure that comes from RCF's randomness alone (rank correlation of every
-  numba run and every other krcf run with the krcf run above; AUC and recall of each).
+* with ``--seeds N`` (N > 1), both engines again with seeds ``seed+1 .. seed+N-1``, on the
+  synthetic stream and on the fault fleet: the spread of each figure that comes from RCF's
+  randomness alone (rank correlation of every numba run and every other krcf run with the
+  krcf run above; AUC and recall of each).
 
     python -m benchmarks.forest [--json] [--models N] [--steps T] [--no-fleet] [--seeds N]
 """
@@ -284,7 +285,7 @@ def seed_spread(config: EngineConfig, stream: Stream, warm: int, runs: dict[str,
         for seed in spread["seeds"]:
             if seed == config.seed:
                 run = runs[name]
-            elif name == "krcf" and seed == config.seed + 1:
+            elif name == "krcf" and seed == config.seed + 1 and "krcf_other_seed" in runs:
                 run = runs["krcf_other_seed"]
             else:
                 run = run_engine(name, replace(config, seed=seed), stream, warm,
@@ -360,15 +361,19 @@ def main() -> None:
         fleet, fdims = fleet_stream(args.fleet_gpus, args.fleet_seconds, args.fleet_faults,
                                     args.seed)
         fconfig = replace(config, dims=fdims)
+        fruns = {}
         for key in ("numba", "krcf"):
-            frun = run_engine(key, fconfig, fleet, fconfig.sample_size, measure_rss=False)
+            fruns[key] = run_engine(key, fconfig, fleet, fconfig.sample_size, measure_rss=False)
             result["engines"][key]["fleet"] = {
-                **quality(frun, fleet, fconfig.sample_size),
-                "updates_per_s": round(frun.updates_per_s),
+                **quality(fruns[key], fleet, fconfig.sample_size),
+                "updates_per_s": round(fruns[key].updates_per_s),
             }
         result["fleet"] = {"gpus": args.fleet_gpus, "seconds": args.fleet_seconds,
                            "faults": args.fleet_faults, "labels": len(fleet.events),
                            "dims": fdims}
+        if args.seeds > 1:
+            result["fleet_seed_spread"] = seed_spread(fconfig, fleet, fconfig.sample_size,
+                                                      fruns, args.seeds)
 
     numba, krcf = result["engines"]["numba"], result["engines"]["krcf"]
     summary = {
@@ -392,6 +397,9 @@ def main() -> None:
         summary["krcf_fleet_auc"] = krcf["fleet"]["auc"]
         summary["fleet_recall_at_0.1pct_fpr"] = numba["fleet"]["recall_at_fpr"]
         summary["krcf_fleet_recall_at_0.1pct_fpr"] = krcf["fleet"]["recall_at_fpr"]
+    if "fleet_seed_spread" in result:
+        summary["fleet_auc_mean"] = result["fleet_seed_spread"]["numba"]["auc"]["mean"]
+        summary["krcf_fleet_auc_mean"] = result["fleet_seed_spread"]["krcf"]["auc"]["mean"]
     if "seed_spread" in result:
         spread = result["seed_spread"]
         summary["seeds"] = len(spread["seeds"])
@@ -427,13 +435,15 @@ def print_table(result: dict[str, Any]) -> None:
     for r in rows:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
     print(f"krcf vs krcf with another seed: rho = {result['krcf_self_spearman']:.3f}")
-    spread = result.get("seed_spread")
-    if spread:
+    for label, key in (("", "seed_spread"), ("fleet, ", "fleet_seed_spread")):
+        spread = result.get(key)
+        if not spread:
+            continue
         first, last = spread["seeds"][0], spread["seeds"][-1]
         for name in ("numba", "krcf"):
-            parts = [f"{key} {v['min']:.3f}..{v['max']:.3f} (mean {v['mean']:.3f})"
-                     for key, v in spread[name].items()]
-            print(f"{name}, seeds {first}..{last}: " + ", ".join(parts))
+            parts = [f"{k} {v['min']:.3f}..{v['max']:.3f} (mean {v['mean']:.3f})"
+                     for k, v in spread[name].items()]
+            print(f"{label}{name}, seeds {first}..{last}: " + ", ".join(parts))
 
 
 if __name__ == "__main__":
