@@ -73,18 +73,6 @@ _INITIAL_ACCEPT_FRACTION = 0.125
 
 
 @njit(cache=True, error_model="numpy")
-def _uniform(meta: np.ndarray, m: int) -> float:
-    """splitmix64 -> float in (0, 1); the state lives in ``meta[m, META_RNG]``."""
-    x = np.uint64(meta[m, META_RNG]) + np.uint64(0x9E3779B97F4A7C15)
-    meta[m, META_RNG] = np.int64(x)
-    z = x
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    return (float(z >> np.uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
-
-
-@njit(cache=True, error_model="numpy")
 def cache_threshold(sample_size: int, entries: int) -> int:
     """Leaves a subtree needs to be cached. A random tree of n leaves has about
     ``2.4 n / k`` internal nodes with k or more leaves, so this about fills ``entries``
@@ -219,13 +207,21 @@ def _rebuild_tree_cache(m: int, t: int, g: int, root: np.ndarray, left: np.ndarr
 
 @njit(cache=True, error_model="numpy")
 def _splitmix_uniform(state: np.int64) -> tuple[np.int64, float]:
-    """splitmix64 step on a scalar state: (new state, float in (0, 1)), as ``_uniform``."""
+    """splitmix64 step on a scalar state: (new state, float in (0, 1))."""
     x = np.uint64(state) + np.uint64(0x9E3779B97F4A7C15)
     z = x
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z = z ^ (z >> np.uint64(31))
     return np.int64(x), (float(z >> np.uint64(11)) + 0.5) * (1.0 / 9007199254740992.0)
+
+
+@njit(cache=True, error_model="numpy")
+def _uniform(meta: np.ndarray, m: int) -> float:
+    """The next float in (0, 1) of model m, whose splitmix64 state is ``meta[m, META_RNG]``."""
+    state, u = _splitmix_uniform(meta[m, META_RNG])
+    meta[m, META_RNG] = state
+    return u
 
 
 @njit(cache=True, error_model="numpy")
