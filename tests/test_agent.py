@@ -22,7 +22,7 @@ from agent.sources.base import Gathered, SourceContext, open_source
 from agent.sources.dcgm import DcgmSource
 from agent.sources.dcgm_parse import parse_exposition
 from agent.spool import Spool
-from benchmarks.shared_data import DCGM_FIXTURES
+from benchmarks.dcgm_fixtures import DCGM_FIXTURES
 from fleetpulse.config import ConfigError, TransportConfig
 from fleetpulse.transport.memory import MemoryTransport
 from schemas.frame import SampleFrame, decode_frame

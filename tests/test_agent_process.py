@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from agent.spool import Spool
-from benchmarks.shared_data import DCGM_FIXTURES
+from benchmarks.dcgm_fixtures import DCGM_FIXTURES
 from schemas.catalog import BY_NAME
 from schemas.frame import decode_frame
 from schemas.records import EventKind, EventRecord

@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 
-from benchmarks.shared_data import DCGM_FIXTURES
+from benchmarks.dcgm_fixtures import DCGM_FIXTURES
 from schemas.catalog import BY_DCGM_FIELD, BY_NAME, CATALOG, Kind, metric_ids, to_base_units
 
 FIXTURES = DCGM_FIXTURES

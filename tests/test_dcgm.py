@@ -19,13 +19,13 @@ from aiohttp import web
 from agent.sources.base import SourceContext, SourceError, open_source
 from agent.sources.dcgm import DcgmSource
 from agent.sources.dcgm_parse import INT64_SENTINEL_MIN, parse_exposition
-from benchmarks.shared_data import DCGM_FIXTURES
+from benchmarks.dcgm_fixtures import DCGM_FIXTURES, dcgm_fixture_files
 from schemas.catalog import BY_DCGM_FIELD, BY_ID, to_base_units
 from schemas.identity import NodeIdentity
 from schemas.records import EventKind
 
 FIXTURES = DCGM_FIXTURES
-FILES = sorted(FIXTURES.glob("*.prom"))
+FILES = dcgm_fixture_files()
 
 _LINE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)\s*$")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="([^"]*)"')

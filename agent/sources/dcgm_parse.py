@@ -3,7 +3,7 @@
 The I/O shell is :mod:`agent.sources.dcgm`; everything that can be tested on captured
 output lives here (STYLE.md, Telegraf: parsing is a pure function over captured bytes).
 
-Rules, each one learned from real exporter output (``../shared/fixtures/dcgm-exporter/``):
+Rules, each one learned from real exporter output (``tests/fixtures/dcgm-exporter/``):
 
 * **Parser.** prometheus_client's text parser reads the page. If the page as a whole is not
   valid exposition text (the dcgm-exporter README's quickstart block has ``...`` elision
