@@ -38,7 +38,13 @@ import orjson
 
 from aggregator.store import SeriesStore, StoreConfig, TierSpec, codec
 from benchmarks.dcgm_fixtures import FixturesMissing, dcgm_fixture_files
-from benchmarks.peers import PeerSeries, prometheus_tsdb_bytes, victoriametrics_bytes
+from benchmarks.peers import (
+    PeerSeries,
+    missing_peers,
+    peer_not_measured,
+    prometheus_tsdb_bytes,
+    victoriametrics_bytes,
+)
 
 RESULTS = Path(__file__).parent / "results" / "compression.json"
 TARGET_BPS = 0.7
@@ -335,6 +341,7 @@ def run_dataset(ds: Dataset, chunk: int, peers: bool) -> dict[str, Any]:
             r["prometheus_block_bytes_per_sample"] = prom["block_bytes"] / prom["samples"]
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             r["prometheus_error"] = str(exc)  # reported, not hidden: the row stays empty
+            peer_not_measured("prometheus", "apt-get install prometheus", str(exc)[:200])
         try:
             vm = victoriametrics_bytes(series)
             r["victoriametrics"] = vm
@@ -343,6 +350,8 @@ def run_dataset(ds: Dataset, chunk: int, peers: bool) -> dict[str, Any]:
                                           < r["victoriametrics_bytes_per_sample"])
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             r["victoriametrics_error"] = str(exc)
+            peer_not_measured("victoriametrics", "apt-get install victoria-metrics",
+                              str(exc)[:200])
     return r
 
 
@@ -361,9 +370,6 @@ def print_table(name: str, r: dict[str, Any]) -> None:
                  ("Prometheus TSDB (whole blocks)", r["prometheus_block_bytes_per_sample"])]
     for label, v in rows:
         print(f"{label:<34}{v:>14.3f}{v / ours:>14.1f}x")
-    for peer in ("victoriametrics", "prometheus"):
-        if f"{peer}_error" in r:
-            print(f"{peer} not measured: {r[peer + '_error'][:300]}")
     print(f"timestamps+headers: {r['timestamp_bytes_per_sample']:.4f} B/sample; "
           f"lossless: {r['lossless']}; encode {r['encode_samples_per_s'] / 1e6:.1f} M/s "
           f"(plain Gorilla {r['gorilla_encode_samples_per_s'] / 1e6:.1f} M/s), decode "
@@ -417,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             None if args.no_peers or any("beats_victoriametrics" not in r
                                          for r in results.values())
             else all(r["beats_victoriametrics"] for r in results.values())),
+        "missing_peers": missing_peers(),
         "config": {"gpus": args.gpus, "duration_s": args.duration, "hz": args.hz,
                    "chunk": args.chunk, "seed": args.seed, "npz": [str(p) for p in args.npz]},
         "datasets": results,

@@ -33,6 +33,9 @@ Measured:
   randomness alone (rank correlation of every numba run and every other krcf run with the
   krcf run above; AUC and recall of each).
 
+krcf is a peer from the ``bench`` extra: without it the numba engine is still measured
+(speed, bytes, detection quality) and every figure against krcf is left out (null).
+
     python -m benchmarks.forest [--json] [--models N] [--steps T] [--no-fleet] [--seeds N]
 """
 
@@ -50,6 +53,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from benchmarks.peers import import_peer, missing_peers
 from detector.engines import EngineConfig, ForestEngine, make_engine
 
 RESULTS = Path(__file__).parent / "results" / "forest.json"
@@ -130,7 +134,7 @@ def fleet_stream(gpus: int, duration_s: float, faults: int, seed: int) -> tuple[
     steps = rows.shape[0]
     points = np.zeros((steps, gpus, len(FEATURES)), dtype=np.float32)
     for s in range(steps):
-        points[s], _ = state.step(gids, rows[s], groups)
+        points[s], _ = state.step(gids, rows[s], groups, 1000 * s)
     labels = np.zeros((steps, gpus), dtype=bool)
     ignore = np.zeros((steps, gpus), dtype=bool)
     events = []
@@ -273,12 +277,12 @@ def quality(run: Run, stream: Stream, warm: int) -> dict[str, Any]:
 
 
 def seed_spread(config: EngineConfig, stream: Stream, warm: int, runs: dict[str, Run],
-                seeds: int) -> dict[str, Any]:
+                seeds: int, engines: tuple[str, ...]) -> dict[str, Any]:
     """Each engine with ``seeds`` seeds (those above reused): min, mean and max of its rank
-    correlation with the krcf run above, its AUC and its recall."""
-    ref = runs["krcf"].scores[warm:]
+    correlation with the krcf run above (when krcf ran), its AUC and its recall."""
+    ref = runs["krcf"].scores[warm:] if "krcf" in runs else None
     spread: dict[str, Any] = {"seeds": list(range(config.seed, config.seed + seeds))}
-    for name in ("numba", "krcf"):
+    for name in engines:
         rho: list[float] = []
         aucs: list[float] = []
         recalls: list[float | None] = []
@@ -290,8 +294,8 @@ def seed_spread(config: EngineConfig, stream: Stream, warm: int, runs: dict[str,
             else:
                 run = run_engine(name, replace(config, seed=seed), stream, warm,
                                  measure_rss=False)
-            if not (name == "krcf" and seed == config.seed):  # krcf against itself is 1
-                rho.append(spearman(run.scores[warm:], ref))
+            if ref is not None and not (name == "krcf" and seed == config.seed):
+                rho.append(spearman(run.scores[warm:], ref))  # krcf against itself is 1
             q = quality(run, stream, warm)
             aucs.append(q["auc"])
             recalls.append(q["recall_at_fpr"])
@@ -324,20 +328,22 @@ def main() -> None:
     args = parser.parse_args()
 
     config = replace(ISSUE_CONFIG, seed=args.seed)
+    engines = ("numba", "krcf") if import_peer("krcf") is not None else ("numba",)
     warm_up_numba(config)
     stream = synthetic_stream(args.models, args.steps, args.warm, args.seed)
     runs = {"numba": run_engine("numba", config, stream, args.warm)}
     if not args.no_aws_layout:
         aws = replace(config, sample_groups=config.trees)
         runs["numba_per_tree_reservoirs"] = run_engine("numba", aws, stream, args.warm)
-    runs["krcf"] = run_engine("krcf", config, stream, args.warm)
-    # The same engine with another seed: how far apart RCF's own randomness puts two runs
-    # (the yardstick for the score agreement and quality differences above).
-    runs["krcf_other_seed"] = run_engine("krcf", replace(config, seed=args.seed + 1), stream,
-                                         args.warm)
+    if "krcf" in engines:
+        runs["krcf"] = run_engine("krcf", config, stream, args.warm)
+        # The same engine with another seed: how far apart RCF's own randomness puts two
+        # runs (the yardstick for the score agreement and quality differences above).
+        runs["krcf_other_seed"] = run_engine("krcf", replace(config, seed=args.seed + 1),
+                                             stream, args.warm)
 
     w = args.warm
-    ref = runs["krcf"].scores[w:]
+    ref = runs["krcf"].scores[w:] if "krcf" in runs else None
     result: dict[str, Any] = {
         "params": {"dims": config.dims, "shingle": config.shingle, "trees": config.trees,
                    "sample_size": config.sample_size, "models": args.models,
@@ -350,19 +356,21 @@ def main() -> None:
             "bytes_per_model": run.model_bytes,
             "rss_bytes_per_model": round(run.rss_bytes_per_model),
             "checkpoint_bytes": run.checkpoint_bytes,
-            "spearman_vs_krcf": round(spearman(run.scores[w:], ref), 4),
+            "spearman_vs_krcf": (None if ref is None
+                                 else round(spearman(run.scores[w:], ref), 4)),
             "synthetic": quality(run, stream, w),
         }
-    result["krcf_self_spearman"] = result["engines"]["krcf_other_seed"]["spearman_vs_krcf"]
+    result["krcf_self_spearman"] = (result["engines"]["krcf_other_seed"]["spearman_vs_krcf"]
+                                    if "krcf_other_seed" in runs else None)
     if args.seeds > 1:
-        result["seed_spread"] = seed_spread(config, stream, w, runs, args.seeds)
+        result["seed_spread"] = seed_spread(config, stream, w, runs, args.seeds, engines)
 
     if not args.no_fleet:
         fleet, fdims = fleet_stream(args.fleet_gpus, args.fleet_seconds, args.fleet_faults,
                                     args.seed)
         fconfig = replace(config, dims=fdims)
         fruns = {}
-        for key in ("numba", "krcf"):
+        for key in engines:
             fruns[key] = run_engine(key, fconfig, fleet, fconfig.sample_size, measure_rss=False)
             result["engines"][key]["fleet"] = {
                 **quality(fruns[key], fleet, fconfig.sample_size),
@@ -373,52 +381,78 @@ def main() -> None:
                            "dims": fdims}
         if args.seeds > 1:
             result["fleet_seed_spread"] = seed_spread(fconfig, fleet, fconfig.sample_size,
-                                                      fruns, args.seeds)
+                                                      fruns, args.seeds, engines)
 
-    numba, krcf = result["engines"]["numba"], result["engines"]["krcf"]
-    summary = {
-        "updates_per_s": numba["updates_per_s"],
-        "krcf_updates_per_s": krcf["updates_per_s"],
-        "speedup_vs_krcf": round(numba["updates_per_s"] / krcf["updates_per_s"], 2),
-        "bytes_per_model": numba["bytes_per_model"],
-        "checkpoint_bytes": numba["checkpoint_bytes"],
-        "krcf_bytes_per_model": krcf["rss_bytes_per_model"],
-        "krcf_checkpoint_bytes": krcf["checkpoint_bytes"],
-        "spearman_vs_krcf": numba["spearman_vs_krcf"],
-        "krcf_self_spearman": result["krcf_self_spearman"],
-        "auc": numba["synthetic"]["auc"],
-        "krcf_auc": krcf["synthetic"]["auc"],
-        "krcf_other_seed_auc": result["engines"]["krcf_other_seed"]["synthetic"]["auc"],
-        "recall_at_0.1pct_fpr": numba["synthetic"]["recall_at_fpr"],
-        "krcf_recall_at_0.1pct_fpr": krcf["synthetic"]["recall_at_fpr"],
-    }
-    if "fleet" in numba:
-        summary["fleet_auc"] = numba["fleet"]["auc"]
-        summary["krcf_fleet_auc"] = krcf["fleet"]["auc"]
-        summary["fleet_recall_at_0.1pct_fpr"] = numba["fleet"]["recall_at_fpr"]
-        summary["krcf_fleet_recall_at_0.1pct_fpr"] = krcf["fleet"]["recall_at_fpr"]
-    if "fleet_seed_spread" in result:
-        summary["fleet_auc_mean"] = result["fleet_seed_spread"]["numba"]["auc"]["mean"]
-        summary["krcf_fleet_auc_mean"] = result["fleet_seed_spread"]["krcf"]["auc"]["mean"]
-    if "seed_spread" in result:
-        spread = result["seed_spread"]
-        summary["seeds"] = len(spread["seeds"])
-        summary["spearman_vs_krcf_mean"] = spread["numba"]["spearman_vs_krcf"]["mean"]
-        summary["spearman_vs_krcf_min"] = spread["numba"]["spearman_vs_krcf"]["min"]
-        summary["auc_mean"] = spread["numba"]["auc"]["mean"]
-        summary["krcf_auc_mean"] = spread["krcf"]["auc"]["mean"]
-    summary["targets_met"] = {
-        "updates_per_s": summary["updates_per_s"] >= TARGETS["updates_per_s"],
-        "bytes_per_model": summary["bytes_per_model"] <= TARGETS["bytes_per_model"],
-        "spearman_vs_krcf": summary["spearman_vs_krcf"] >= TARGETS["spearman_vs_krcf"],
-    }
-    result["summary"] = summary
+    result["summary"] = summarise(result)
+    result["missing_peers"] = missing_peers()
 
     print_table(result)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(result["summary"]))
+
+
+def summarise(result: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures; every figure about krcf is None when krcf did not run."""
+    numba = result["engines"]["numba"]
+    krcf: dict[str, Any] | None = result["engines"].get("krcf")
+    other: dict[str, Any] | None = result["engines"].get("krcf_other_seed")
+
+    def of_krcf(*keys: str, engine: dict[str, Any] | None = krcf) -> Any:
+        value: Any = engine
+        for key in keys:
+            if value is None:
+                return None
+            value = value.get(key)
+        return value
+
+    summary: dict[str, Any] = {
+        "updates_per_s": numba["updates_per_s"],
+        "krcf_updates_per_s": of_krcf("updates_per_s"),
+        "speedup_vs_krcf": (None if krcf is None
+                            else round(numba["updates_per_s"] / krcf["updates_per_s"], 2)),
+        "bytes_per_model": numba["bytes_per_model"],
+        "checkpoint_bytes": numba["checkpoint_bytes"],
+        "krcf_bytes_per_model": of_krcf("rss_bytes_per_model"),
+        "krcf_checkpoint_bytes": of_krcf("checkpoint_bytes"),
+        "spearman_vs_krcf": numba["spearman_vs_krcf"],
+        "krcf_self_spearman": result["krcf_self_spearman"],
+        "auc": numba["synthetic"]["auc"],
+        "krcf_auc": of_krcf("synthetic", "auc"),
+        "krcf_other_seed_auc": of_krcf("synthetic", "auc", engine=other),
+        "recall_at_0.1pct_fpr": numba["synthetic"]["recall_at_fpr"],
+        "krcf_recall_at_0.1pct_fpr": of_krcf("synthetic", "recall_at_fpr"),
+    }
+    if "fleet" in numba:
+        summary["fleet_auc"] = numba["fleet"]["auc"]
+        summary["krcf_fleet_auc"] = of_krcf("fleet", "auc")
+        summary["fleet_recall_at_0.1pct_fpr"] = numba["fleet"]["recall_at_fpr"]
+        summary["krcf_fleet_recall_at_0.1pct_fpr"] = of_krcf("fleet", "recall_at_fpr")
+    if "fleet_seed_spread" in result:
+        fleet_spread = result["fleet_seed_spread"]
+        summary["fleet_auc_mean"] = fleet_spread["numba"]["auc"]["mean"]
+        summary["krcf_fleet_auc_mean"] = of_krcf("krcf", "auc", "mean", engine=fleet_spread)
+    if "seed_spread" in result:
+        spread = result["seed_spread"]
+        rho = spread["numba"].get("spearman_vs_krcf")
+        summary["seeds"] = len(spread["seeds"])
+        summary["spearman_vs_krcf_mean"] = None if rho is None else rho["mean"]
+        summary["spearman_vs_krcf_min"] = None if rho is None else rho["min"]
+        summary["auc_mean"] = spread["numba"]["auc"]["mean"]
+        summary["krcf_auc_mean"] = of_krcf("krcf", "auc", "mean", engine=spread)
+    rho_now = summary["spearman_vs_krcf"]
+    summary["targets_met"] = {
+        "updates_per_s": summary["updates_per_s"] >= TARGETS["updates_per_s"],
+        "bytes_per_model": summary["bytes_per_model"] <= TARGETS["bytes_per_model"],
+        "spearman_vs_krcf": None if rho_now is None else rho_now >= TARGETS["spearman_vs_krcf"],
+    }
+    return summary
+
+
+def _cell(value: Any, fmt: str = "") -> str:
+    """A table cell; "-" for a figure that was not measured (a peer was missing)."""
+    return "-" if value is None else format(value, fmt)
 
 
 def print_table(result: dict[str, Any]) -> None:
@@ -428,19 +462,22 @@ def print_table(result: dict[str, Any]) -> None:
         fleet = e.get("fleet", {})
         rows.append((key, f"{e['updates_per_s']:,}", f"{e['bytes_per_model']:,}",
                      f"{e['rss_bytes_per_model']:,}", f"{e['checkpoint_bytes']:,}",
-                     f"{e['spearman_vs_krcf']:.3f}", f"{e['synthetic']['auc']:.3f}",
+                     _cell(e["spearman_vs_krcf"], ".3f"), f"{e['synthetic']['auc']:.3f}",
                      f"{e['synthetic']['recall_at_fpr']}", f"{fleet.get('auc', '-')}",
                      f"{fleet.get('recall_at_fpr', '-')}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
-    print(f"krcf vs krcf with another seed: rho = {result['krcf_self_spearman']:.3f}")
+    if result["krcf_self_spearman"] is not None:
+        print(f"krcf vs krcf with another seed: rho = {result['krcf_self_spearman']:.3f}")
     for label, key in (("", "seed_spread"), ("fleet, ", "fleet_seed_spread")):
         spread = result.get(key)
         if not spread:
             continue
         first, last = spread["seeds"][0], spread["seeds"][-1]
         for name in ("numba", "krcf"):
+            if name not in spread:
+                continue
             parts = [f"{k} {v['min']:.3f}..{v['max']:.3f} (mean {v['mean']:.3f})"
                      for k, v in spread[name].items()]
             print(f"{label}{name}, seeds {first}..{last}: " + ", ".join(parts))
