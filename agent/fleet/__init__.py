@@ -31,30 +31,65 @@ Live, through the agent's publisher (what ``fleetpulse fleet`` runs; the demo ca
     await fleet.run(stop_event)   # one logical agent per node, frames keyed by rack
     fleet.summary(); fleet.sim_now_ms; fleet.stats
 
+The fleet zoo (profiles drawn from documented ranges, to tune on some and test on others)::
+
+    from agent.fleet import ZOO_HELDOUT_SEEDS, draw_profile, generate, generate_zoo
+    p = draw_profile(1000)             # or NAMED_PROFILES["liquid_cooled_integer"]
+    data = generate(64, p.hz, 7200, faults=6, seed=1000, profile=p)
+    p, data = generate_zoo(1000, 64, 7200, faults=6)    # the same in one call
+    data.labels  # + "magnitude", "ramp_s": faults from barely visible to classic, slow or not
+
 Modules: topology (names and index arrays), workloads (what nodes run), thermal (inlet air,
 temperatures, clock governor and NVML clock-event bits), faults (kinds, plan, labels), model
-(one tick), export (bulk and .npz), live (publishing), config (the command's settings).
+(one tick), export (bulk and .npz), zoo (fleet profiles), live (publishing), config (the
+command's settings).
 """
 
-from agent.fleet.export import FleetData, generate, load_npz, save_npz
-from agent.fleet.faults import Fault, FaultKind, labels_of, plan_faults, read_labels, write_labels
+from agent.fleet.export import FleetData, generate, generate_zoo, load_npz, save_npz
+from agent.fleet.faults import (
+    CLASSIC_KINDS,
+    Fault,
+    FaultKind,
+    labels_of,
+    plan_faults,
+    plan_zoo_faults,
+    read_labels,
+    realistic_fault_count,
+    write_labels,
+)
 from agent.fleet.model import DEFAULT_START_MS, METRIC_IDS, METRICS, FleetModel
 from agent.fleet.topology import Topology
+from agent.fleet.zoo import (
+    NAMED_PROFILES,
+    ZOO_HELDOUT_SEEDS,
+    ZOO_TUNING_SEEDS,
+    FleetProfile,
+    draw_profile,
+)
 
 __all__ = [
+    "CLASSIC_KINDS",
     "DEFAULT_START_MS",
     "METRICS",
     "METRIC_IDS",
+    "NAMED_PROFILES",
+    "ZOO_HELDOUT_SEEDS",
+    "ZOO_TUNING_SEEDS",
     "Fault",
     "FaultKind",
     "FleetData",
     "FleetModel",
+    "FleetProfile",
     "Topology",
+    "draw_profile",
     "generate",
+    "generate_zoo",
     "labels_of",
     "load_npz",
     "plan_faults",
+    "plan_zoo_faults",
     "read_labels",
+    "realistic_fault_count",
     "save_npz",
     "write_labels",
 ]

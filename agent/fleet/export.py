@@ -21,12 +21,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from agent.fleet.faults import FaultKind, labels_of, plan_faults
+from agent.fleet.faults import (
+    Fault,
+    FaultKind,
+    labels_of,
+    plan_faults,
+    plan_zoo_faults,
+    realistic_fault_count,
+)
 from agent.fleet.model import DEFAULT_START_MS, METRICS, FleetModel
 from agent.fleet.topology import Topology
+from agent.fleet.zoo import FleetProfile, named_or_drawn
 from schemas.catalog import BY_NAME
 
-__all__ = ["FleetData", "generate", "load_npz", "save_npz"]
+__all__ = ["FleetData", "generate", "generate_zoo", "load_npz", "save_npz"]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -58,17 +66,28 @@ def generate(
     racks_per_row: int = 8,
     start_ms: int = DEFAULT_START_MS,
     cluster: str = "sim",
+    profile: FleetProfile | None = None,
+    fault_plan: Sequence[Fault] | None = None,
 ) -> FleetData:
     """Run the fleet model for ``duration_s`` seconds at ``hz`` and keep everything.
 
-    Memory is G x T x M x 8 bytes (10,000 GPUs x 1 h at 1 Hz is 9.5 GB), so size it.
+    ``profile`` (default: today's model) sets the fleet's constants and, through its
+    ``fault_style``, how the ``faults`` are planned (:func:`plan_faults` or
+    :func:`plan_zoo_faults`); its metrics in ``missing`` are NaN columns of ``values``.
+    ``fault_plan`` injects exactly these faults instead (``faults`` and ``fault_kinds`` are
+    then ignored). Memory is G x T x M x 8 bytes (10,000 GPUs x 1 h at 1 Hz is 9.5 GB).
     """
     topo = Topology(gpus, gpus_per_node, nodes_per_rack, racks_per_row, cluster)
     ticks = round(duration_s * hz)
     if ticks < 1:
         raise ValueError(f"{duration_s} s at {hz} Hz is less than one tick")
-    plan = plan_faults(topo, faults, duration_s, hz, seed, fault_kinds)
-    model = FleetModel(topo, hz=hz, seed=seed, start_ms=start_ms, faults=plan)
+    if fault_plan is not None:
+        plan = list(fault_plan)
+    elif profile is not None and profile.fault_style == "zoo":
+        plan = plan_zoo_faults(topo, faults, duration_s, hz, seed, profile, kinds=fault_kinds)
+    else:
+        plan = plan_faults(topo, faults, duration_s, hz, seed, fault_kinds)
+    model = FleetModel(topo, hz=hz, seed=seed, start_ms=start_ms, faults=plan, profile=profile)
     ts = np.empty((topo.gpus, ticks), dtype=np.int64)
     values = np.empty((topo.gpus, ticks, len(METRICS)))
     nog = topo.node_of_gpu
@@ -77,6 +96,29 @@ def generate(
         ts[:, k] = node_ts[nog]
     nodes = tuple(topo.identities[n].path for n in nog.tolist())
     return FleetData(ts, values, METRICS, labels_of(plan), model.uuids, nodes)
+
+
+def generate_zoo(
+    seed: int,
+    gpus: int,
+    duration_s: float,
+    faults: int | None = 0,
+    *,
+    profile: str | int | FleetProfile | None = None,
+    hz: float | None = None,
+    **kwargs: Any,
+) -> tuple[FleetProfile, FleetData]:
+    """A zoo fleet: ``draw_profile(seed)`` (or ``profile``: a name, a seed, a profile), run.
+
+    ``faults`` None draws the count at a real fleet's rate
+    (:func:`~agent.fleet.faults.realistic_fault_count`: ~0.5 per 1000 GPU-days, mostly
+    none); ``hz`` overrides the profile's rate; other keywords go to :func:`generate`.
+    """
+    prof = named_or_drawn(seed if profile is None else profile)
+    rate = prof.hz if hz is None else hz
+    count = realistic_fault_count(gpus, duration_s, seed) if faults is None else faults
+    data = generate(gpus, rate, duration_s, faults=count, seed=seed, profile=prof, **kwargs)
+    return prof, data
 
 
 def save_npz(path: str | Path, data: FleetData) -> None:

@@ -9,6 +9,12 @@ Values are produced in NVML's native units and granularity (integer degrees C, i
 integer percent, MiB, MHz in 15 MHz steps, integer mJ, integer KiB/s, integer counters) and
 then converted with the catalog's exact ``(mul, div)`` scales, the same conversion the NVML
 source applies, so a synthetic power of 123.456 W is the double that 123456 / 1000.0 gives.
+
+A :class:`~agent.fleet.zoo.FleetProfile` changes the constants (time constants, resistances,
+inlet, sensor resolution and noise, power limit, workload mix, missing metrics); the default
+profile is the model as it always was, bit for bit. What a profile adds that the default model
+never does (the zoo's workload kinds) draws from a second generator, so the main stream, and
+with it every default run, is unchanged.
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.fleet import thermal
-from agent.fleet.faults import NEEDS_LOAD, Fault, FaultKind
+from agent.fleet.faults import NEEDS_IDLE, NEEDS_LOAD, Fault, FaultKind
 from agent.fleet.thermal import Governor, Inlet
 from agent.fleet.topology import Topology
 from agent.fleet.workloads import FB_TOTAL_MIB, Workloads
+from agent.fleet.zoo import FleetProfile
 from schemas.catalog import BY_NAME, CATALOG
 
 __all__ = ["DEFAULT_START_MS", "METRICS", "METRIC_IDS", "FleetModel"]
@@ -67,9 +74,15 @@ class FleetModel:
         seed: int = 0,
         start_ms: int = DEFAULT_START_MS,
         faults: Sequence[Fault] = (),
+        profile: FleetProfile | None = None,
     ) -> None:
+        """``profile`` (default: today's model) sets the fleet's constants; ``hz`` is still the
+        caller's (pass ``profile.hz`` for the profile's own rate)."""
         if not 0 < hz <= 50:
             raise ValueError(f"hz must be in (0, 50], got {hz}")
+        prof = FleetProfile() if profile is None else profile
+        prof.validate()
+        self.profile = prof
         self.topo = topology
         self.hz = float(hz)
         self.dt = 1.0 / self.hz
@@ -89,21 +102,31 @@ class FleetModel:
                                           ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32))))
             for h in (bytes(rng.integers(0, 256, 16, dtype=np.uint8)).hex() for _ in range(g))
         )
-        self.work = Workloads(topology, rng)
-        self.inlet = Inlet(topology.racks.size, rng)
+        params = prof.workload_params()
+        aux = (np.random.default_rng([seed, topology.first_node, g, 0x200])
+               if params.extended else None)
+        self.work = Workloads(topology, rng, params, aux)
+        self.inlet = Inlet(topology.racks.size, rng, prof.inlet_c, prof.inlet_swing_c)
         self.gov = Governor(
-            idle_w=rng.uniform(64.0, 76.0, g),
-            dynamic_w=630.0 * (1.0 + rng.normal(0.0, 0.035, g)),
-            limit_w=np.full(g, 700.0),
+            idle_w=rng.uniform(prof.idle_w[0], prof.idle_w[1], g),
+            dynamic_w=prof.dynamic_w * (1.0 + rng.normal(0.0, prof.dynamic_spread, g)),
+            limit_w=np.full(g, prof.power_limit_w),
         )
-        self.r_die = rng.uniform(0.057, 0.066, g)
-        self.r_mem = rng.uniform(0.050, 0.060, g)
+        self.r_die = rng.uniform(prof.r_die_c_per_w[0], prof.r_die_c_per_w[1], g)
+        self.r_mem = rng.uniform(prof.r_mem_c_per_w[0], prof.r_mem_c_per_w[1], g)
         self.slot_warm = topology.slot_of_node[topology.node_of_gpu] * 0.4 + rng.normal(0, 0.3, g)
         self.node_offset_ms = rng.integers(0, 3, n)
         inlet0 = self.inlet.at(0.0)[topology.rack_index_of_gpu] + self.slot_warm
-        self.temp = inlet0 + self.r_die * 250.0
-        self.mem_temp = inlet0 + self.r_mem * 250.0 + 4.0
-        self.reported_temp = np.rint(self.temp)
+        start_w = 250.0 * prof.power_limit_w / 700.0
+        self.temp = inlet0 + self.r_die * start_w
+        self.mem_temp = inlet0 + self.r_mem * start_w + 4.0
+        self.reported_temp = thermal.quantize_temp(self.temp, prof.temp_steps_per_c)
+        self._temp_steps = prof.temp_steps_per_c
+        self._power_step_mw = prof.power_step_mw
+        self._alpha = thermal.lag_factor(self.dt, prof.die_tau_s)
+        self._mem_alpha = (self._alpha * 0.7 if prof.mem_tau_s is None
+                           else thermal.lag_factor(self.dt, prof.mem_tau_s))
+        self._missing = np.array([METRICS.index(m) for m in prof.missing], dtype=np.intp)
         self.energy_mj = rng.integers(10**9, 5 * 10**10, g)
         self.sbe_agg = np.where(rng.random(g) < 0.1, rng.integers(1, 40, g), 0)
         self.dbe_agg = np.zeros(g, dtype=np.int64)
@@ -121,6 +144,7 @@ class FleetModel:
             f: np.unique(np.asarray(f.gpus) // topology.gpn) for f in self.faults
         }
         self._force = np.zeros(n, dtype=bool)
+        self._force_idle = np.zeros(n, dtype=bool)
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -139,24 +163,23 @@ class FleetModel:
         t = self.t_s
         for f in active:
             idx = np.asarray(f.gpus)
-            ramp = min(1.0, (t - f.start_s) / max(min(120.0, 0.3 * (f.end_s - f.start_s)),
-                                                   self.dt))
+            size = f.magnitude * f.level(t, self.dt)
             if f.kind is FaultKind.COOLING_RACK:
                 if eff.inlet_extra is None:
                     eff.inlet_extra = np.zeros(self.topo.racks.size)
                 racks = np.unique(self.topo.rack_index_of_gpu[idx])
-                eff.inlet_extra[racks] += 21.0 * ramp
-            elif f.kind is FaultKind.THERMAL_RUNAWAY:
+                eff.inlet_extra[racks] += 21.0 * size
+            elif f.kind in (FaultKind.THERMAL_RUNAWAY, FaultKind.HOT_IDLE):
                 if eff.heat_extra is None:
                     eff.heat_extra = np.zeros(g)
-                eff.heat_extra[idx] += 42.0 * min(1.0, (t - f.start_s) /
-                                                  max(0.6 * (f.end_s - f.start_s), self.dt))
+                eff.heat_extra[idx] += (42.0 if f.kind is FaultKind.THERMAL_RUNAWAY
+                                        else 25.0) * size
             elif f.kind in (FaultKind.POWER_BRAKE, FaultKind.STRAGGLER):
                 if eff.cap is None or eff.cap_bits is None:
                     eff.cap = np.ones(g)
                     eff.cap_bits = np.zeros(g, dtype=np.int64)
                 brake = f.kind is FaultKind.POWER_BRAKE
-                eff.cap[idx] = 0.25 if brake else 0.6
+                eff.cap[idx] = 1.0 - (0.75 if brake else 0.4) * size
                 if brake:
                     eff.cap_bits[idx] |= thermal.HW_SLOWDOWN | thermal.HW_POWER_BRAKE_SLOWDOWN
         return eff
@@ -169,12 +192,16 @@ class FleetModel:
         topo, rng, dt, t = self.topo, self.rng, self.dt, self.t_s
         g = topo.gpus
         active = [f for f in self.faults if f.active(t)]
-        if active or self._force.any():
+        if active or self._force.any() or self._force_idle.any():
             self._force[:] = False
+            self._force_idle[:] = False
             for f in active:
                 if f.kind in NEEDS_LOAD:
                     self._force[self._fault_nodes[f]] = True
-        self.work.advance(dt, rng, self._force if self._force.any() else None)
+                elif f.kind in NEEDS_IDLE:
+                    self._force_idle[self._fault_nodes[f]] = True
+        self.work.advance(dt, rng, self._force if self._force.any() else None,
+                          self._force_idle if self._force_idle.any() else None)
         load = self.work.load(t, rng)
         eff = self._effects(active)
 
@@ -185,8 +212,8 @@ class FleetModel:
             # Peers of a straggler wait for it: their compute phase thins out.
             nodes = self._fault_nodes[f]
             peers = np.flatnonzero(np.isin(topo.node_of_gpu, nodes))
-            util[peers] = np.where(load.computing[topo.node_of_gpu[peers]],
-                                   util[peers] * 0.8, util[peers])
+            wait = 1.0 - 0.2 * f.magnitude * f.level(t, dt)
+            util[peers] = np.where(load.computing_gpu[peers], util[peers] * wait, util[peers])
             util[idx] = 100.0
         util = np.rint(util)
 
@@ -194,19 +221,26 @@ class FleetModel:
         frac, sm_mhz, reasons = self.gov.decide(util, load.busy, self.reported_temp,
                                              eff.cap, eff.cap_bits)
         noise = rng.standard_normal((4, g))
-        power_w = self.gov.idle_w + self.gov.dynamic_w * (util * 0.01) * frac * frac + 2.5 * noise[0]
-        power_mw = np.rint(np.clip(power_w, 20.0, self.gov.limit_w + 4.0) * 1000.0)
+        prof = self.profile
+        power_w = (self.gov.idle_w + self.gov.dynamic_w * (util * 0.01) * frac * frac
+                   + prof.power_noise_w * noise[0])
+        power_w = np.clip(power_w, 20.0, self.gov.limit_w + 4.0)
+        if self._power_step_mw == 1:
+            power_mw = np.rint(power_w * 1000.0)
+        else:
+            step = float(self._power_step_mw)
+            power_mw = np.rint(power_w * (1000.0 / step)) * step
         self.energy_mj += np.rint(power_mw * dt).astype(np.int64)
 
-        alpha = 1.0 - np.exp(-dt / 15.0)
+        alpha = self._alpha
         p = power_mw * 0.001
         target = inlet + self.r_die * p
         if eff.heat_extra is not None:
             target += eff.heat_extra
         self.temp += (target - self.temp) * alpha
         self.mem_temp += (inlet + self.r_mem * p + 4.0 + 0.04 * load.mem_util_pct
-                          - self.mem_temp) * (alpha * 0.7)
-        temp = np.rint(self.temp + 0.25 * noise[1])
+                          - self.mem_temp) * self._mem_alpha
+        temp = thermal.quantize_temp(self.temp + prof.temp_noise_c * noise[1], self._temp_steps)
         for fl in active:
             if fl.kind is FaultKind.STUCK_SENSOR:
                 for gi in fl.gpus:
@@ -218,7 +252,8 @@ class FleetModel:
         native = np.empty((g, len(METRICS))) if out is None else out
         c = _COL
         native[:, c["temperature_celsius"]] = temp
-        native[:, c["memory_temperature_celsius"]] = np.rint(self.mem_temp + 0.25 * noise[2])
+        native[:, c["memory_temperature_celsius"]] = thermal.quantize_temp(
+            self.mem_temp + prof.temp_noise_c * noise[2], self._temp_steps)
         native[:, c["power_usage_watts"]] = power_mw
         native[:, c["power_limit_watts"]] = self.gov.limit_w * 1000.0
         native[:, c["energy_consumption_joules_total"]] = self.energy_mj
@@ -237,8 +272,9 @@ class FleetModel:
         for fl in active:
             if fl.kind is FaultKind.NVLINK_ERRORS:
                 idx = np.asarray(fl.gpus)
-                nvl_tx[idx] = np.rint(nvl_tx[idx] * 0.55)
-                nvl_rx[idx] = np.rint(nvl_rx[idx] * 0.55)
+                keep = 1.0 - 0.45 * fl.magnitude * fl.level(t, dt)
+                nvl_tx[idx] = np.rint(nvl_tx[idx] * keep)
+                nvl_rx[idx] = np.rint(nvl_rx[idx] * keep)
         nvl_tx *= 1024.0  # NVLink counters tick in KiB
         nvl_rx *= 1024.0
         native[:, c["nvlink_transmit_bytes_per_second"]] = nvl_tx
@@ -269,6 +305,8 @@ class FleetModel:
                 native[idx] = np.nan
                 if self.tick == round(fl.start_s * self.hz):
                     native[idx, c["xid"]] = 79.0
+        if self._missing.size:
+            native[:, self._missing] = np.nan  # the fleet's exporter has no such metric
 
         jitter = np.minimum(rng.exponential(1.2, topo.nodes), 9.0)
         ts = (self.start_ms + round(self.tick * 1000.0 / self.hz)
@@ -293,25 +331,27 @@ class FleetModel:
             self.nvl_crc[hits[(uh >= p_replay + p_sbe) & (uh < p_replay + p_sbe + p_crc)]] += 1
             xh = hits[uh >= p_replay + p_sbe + p_crc]
             xid[xh] = _XID_BACKGROUND[xh % 3]
+        t = self.t_s
         for f in active:
             idx = np.asarray(f.gpus)
+            size = f.magnitude * f.level(t, dt)
             if f.kind is FaultKind.ECC_STORM:
-                n = rng.poisson(40.0 * dt, idx.size)
+                n = rng.poisson(40.0 * size * dt, idx.size)
                 self.sbe_vol[idx] += n
                 self.sbe_agg[idx] += n
                 r = rng.random((2, idx.size))
-                remap = idx[r[0] < 0.03 * dt]
+                remap = idx[r[0] < 0.03 * size * dt]
                 self.remap_corr[remap] += 1
                 xid[remap] = 63.0
-                dbe = idx[r[1] < 0.004 * dt]
+                dbe = idx[r[1] < 0.004 * size * dt]
                 self.dbe_vol[dbe] += 1
                 self.dbe_agg[dbe] += 1
                 self.remap_unc[dbe] += 1
                 xid[dbe] = 48.0
             elif f.kind is FaultKind.NVLINK_ERRORS:
-                self.nvl_crc[idx] += rng.poisson(150.0 * dt, idx.size)
-                self.nvl_replay[idx] += rng.poisson(3.0 * dt, idx.size)
+                self.nvl_crc[idx] += rng.poisson(150.0 * size * dt, idx.size)
+                self.nvl_replay[idx] += rng.poisson(3.0 * size * dt, idx.size)
                 r = rng.random((2, idx.size))
-                self.nvl_recovery[idx[r[0] < 0.05 * dt]] += 1
-                xid[idx[r[1] < 0.02 * dt]] = 74.0
+                self.nvl_recovery[idx[r[0] < 0.05 * size * dt]] += 1
+                xid[idx[r[1] < 0.02 * size * dt]] = 74.0
         return xid

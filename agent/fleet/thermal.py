@@ -6,6 +6,11 @@ power step shows as an exponential approach over tens of seconds, not a jump. Th
 per rack: a base temperature, a slow daily swing, and, under a cooling fault, a ramp that
 every GPU of the rack feels.
 
+The zoo (:mod:`agent.fleet.zoo`) varies the time constants (:func:`lag_factor`, 2 s for a bare
+air-cooled die to 2 min for a cold plate with a large coolant loop), the resistances, the inlet
+range and swing, and the sensors' resolution (:func:`quantize_temp`: NVML's whole degrees, or
+tenths / halves as some boards report through DCGM).
+
 The governor decides the SM clock from the previous tick's reported temperature and from the
 power the load would draw, and records *why* the clock is below maximum in NVML's clock
 event reasons bitmask (``nvmlClocksEventReason*``, formerly ``nvmlClocksThrottleReason*``),
@@ -29,7 +34,9 @@ __all__ = [
     "SW_THERMAL_SLOWDOWN",
     "Governor",
     "Inlet",
+    "lag_factor",
     "quantize_clock_mhz",
+    "quantize_temp",
 ]
 
 # nvml.h: nvmlClocksEventReason* (bit values are part of the driver ABI).
@@ -62,16 +69,38 @@ def quantize_clock_mhz(mhz: F64) -> F64:
     return np.clip(q, SM_CLOCK_MIN_MHZ, SM_CLOCK_MAX_MHZ)
 
 
-class Inlet:
-    """Per-rack inlet air temperature in degrees C."""
+def lag_factor(dt_s: float, tau_s: float) -> float:
+    """The first-order lag's step per tick: ``x += (target - x) * lag_factor(dt, tau)``."""
+    return 1.0 - float(np.exp(-dt_s / tau_s))
 
-    def __init__(self, racks: int, rng: np.random.Generator) -> None:
-        self.base = rng.uniform(21.0, 27.0, racks)
+
+def quantize_temp(celsius: F64, steps_per_c: int) -> F64:
+    """Round a temperature to the sensor's resolution, ``1 / steps_per_c`` degrees.
+
+    Whole degrees are NVML's ``nvmlDeviceGetTemperature``; 2 or 10 steps give the halves and
+    tenths that some boards report. ``k / 10.0`` is the double that parsing "k/10" gives.
+    """
+    if steps_per_c == 1:
+        return np.rint(celsius)
+    return np.rint(celsius * float(steps_per_c)) / float(steps_per_c)
+
+
+class Inlet:
+    """Per-rack inlet air (or coolant) temperature in degrees C.
+
+    ``base_c`` is the range each rack's base is drawn from, ``swing_c`` the amplitude of the
+    daily sine (each rack at its own phase).
+    """
+
+    def __init__(self, racks: int, rng: np.random.Generator,
+                 base_c: tuple[float, float] = (21.0, 27.0), swing_c: float = 1.5) -> None:
+        self.base = rng.uniform(base_c[0], base_c[1], racks)
         self.phase = rng.uniform(0.0, 2 * np.pi, racks)
+        self.swing_c = swing_c
 
     def at(self, t_s: float, extra: F64 | None = None) -> F64:
         """Inlet per rack at ``t_s``; ``extra`` adds a fault's heating per rack."""
-        day = self.base + 1.5 * np.sin(self.phase + t_s * (2 * np.pi / 86_400.0))
+        day = self.base + self.swing_c * np.sin(self.phase + t_s * (2 * np.pi / 86_400.0))
         return day if extra is None else day + extra
 
 
