@@ -42,7 +42,8 @@ __all__ = [
     "shard_bytes",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: thermal models with candidate lags, windowed error bursts, the thermal-excess rule."""
 
 
 class CheckpointError(RuntimeError):

@@ -140,12 +140,16 @@ class RulesConfig:
     """Steps with a slowdown bit before the slowdown rules fire."""
     stuck_after_s: float = 60.0
     """A temperature reading unchanged this long ..."""
-    stuck_power_w: float = 100.0
-    """... while power moved this much (max - min) is a stuck sensor."""
-    burst_per_step: float = 10.0
-    """ECC / link error increase per step that counts towards a burst ..."""
-    burst_steps: int = 3
-    """... for this many consecutive steps."""
+    stuck_predicted_c: float = 4.0
+    """... while the GPU's own thermal model predicts this much change is a stuck sensor."""
+    excess_c: float = 8.0
+    """Degrees above the GPU's thermal prediction and its node peers' ..."""
+    excess_after_s: float = 60.0
+    """... held this long: the GPU's heat path degraded."""
+    burst_count: float = 20.0
+    """ECC / link errors within about ``burst_window_s`` that make a burst ..."""
+    burst_window_s: float = 60.0
+    """... the exponential memory of that count, seconds."""
     event_hold_s: float = 45.0
     """XID / DBE / burst alerts stay open this long after the last occurrence."""
     state_hold_s: float = 30.0
@@ -154,14 +158,19 @@ class RulesConfig:
     def params(self) -> RuleParams:
         return RuleParams(
             stale_after_s=self.stale_after_s, slowdown_open_after=self.slowdown_open_after,
-            stuck_after_s=self.stuck_after_s, stuck_power_w=self.stuck_power_w,
-            burst_per_step=self.burst_per_step, burst_steps=self.burst_steps,
+            stuck_after_s=self.stuck_after_s, stuck_predicted_c=self.stuck_predicted_c,
+            excess_c=self.excess_c, excess_after_s=self.excess_after_s,
+            burst_count=self.burst_count, burst_window_s=self.burst_window_s,
             lost_open_after=self.lost_open_after, event_hold_s=self.event_hold_s,
             state_hold_s=self.state_hold_s)
 
     def validate(self) -> None:
         if self.stale_after_s <= 0 or self.lost_open_after < 1 or self.slowdown_open_after < 1:
             raise ConfigError("rules: stale_after_s > 0 and open counts >= 1 required")
+        if min(self.stuck_after_s, self.stuck_predicted_c, self.excess_c, self.burst_count,
+               self.burst_window_s) <= 0 or self.excess_after_s < 0:
+            raise ConfigError("rules: stuck_*, excess_c, burst_count and burst_window_s must "
+                              "be > 0, excess_after_s >= 0")
 
 
 @dataclass(frozen=True, slots=True)

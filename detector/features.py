@@ -17,10 +17,10 @@ range, so a residual that is normally flat must not be drowned by utilisation's 
 ===================  ===========================================================================
 temperature          GPU die temperature, ``(T - 30) / 10`` (1 unit = 10 degC)
 memory_temperature   HBM temperature, same scale
-temp_residual        die temperature minus what this GPU's own history predicts from its
-                     (smoothed) power draw, ``/ 2`` (1 unit = 2 degC). Exponentially weighted
-                     least squares per GPU; catches cooling trouble and a stuck sensor that
-                     raw temperature hides under workload swings.
+temp_residual        die temperature minus what this GPU's own thermal response predicts
+                     from its power draw (``detector.thermal_model``: the best of a few
+                     candidate lags, regressed over an hour), ``/ 2`` (1 unit = 2 degC);
+                     catches cooling trouble that raw temperature hides under workload swings.
 power                power draw / enforced limit * 2.5 (1 unit = 40 % of the limit; 500 W
                      assumed when the limit is not sampled)
 utilization          GPU utilisation * 2.5 (1 unit = 40 %). With temperature in the same
@@ -49,6 +49,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from detector.thermal_model import ThermalModels, ThermalView
 from schemas.catalog import BY_NAME
 
 __all__ = [
@@ -125,14 +126,6 @@ THROTTLE_SW_THERMAL: Final = 0x20
 # Counters differenced per GPU, as columns of ``gather``'s output.
 COUNTER_COLS: Final = (7, 8, 9, 10, 11, 12, 15)
 
-_RESID_ALPHA: Final = 1.0 / 3600.0
-"""Weight of one step in the temperature-on-power regression (an hour's memory at 1 Hz)."""
-_POWER_SMOOTH: Final = 1.0 / 15.0
-"""Power is smoothed (about 15 steps) before regressing: the die lags the power draw."""
-_RESID_WARMUP: Final = 120
-"""Steps before the residual is reported (0 until then)."""
-
-
 def gather(
     values: npt.NDArray[np.float64], metric_ids: npt.NDArray[np.integer]
 ) -> npt.NDArray[np.float64]:
@@ -180,51 +173,70 @@ def group_median(
 
 
 class FeatureState:
-    """What features need to remember per GPU (model id): previous counters, the power
-    smoother, the temperature-on-power regression, the highest clock."""
+    """What features need to remember per GPU (model id): previous counters, the highest
+    clock, and the GPU's thermal model."""
 
-    ARRAYS: Final = ("prev_counters", "power_ema", "rs_n", "rs_mx", "rs_my", "rs_vxx",
-                     "rs_vxy", "max_clock")
+    ARRAYS: Final = ("prev_counters", "max_clock")
 
     def __init__(self) -> None:
         self.n = 0
         self.prev_counters = np.zeros((0, len(COUNTER_COLS)))
-        self.power_ema = np.zeros(0)
-        self.rs_n = np.zeros(0)
-        self.rs_mx = np.zeros(0)
-        self.rs_my = np.zeros(0)
-        self.rs_vxx = np.zeros(0)
-        self.rs_vxy = np.zeros(0)
         self.max_clock = np.zeros(0)
+        self.thermal = ThermalModels()
+        self.last_pred = np.zeros(0)
+        """The thermal model's prediction for each GPU's latest reading (degC, NaN: none)."""
+        self.last_resid = np.zeros(0)
+        """Latest reading minus that prediction (degC, NaN: none or still warming up)."""
 
     def ensure(self, n: int) -> None:
         if n <= self.n:
             return
         extra = n - self.n
-        for name in self.ARRAYS:
-            arr = getattr(self, name)
-            fill = np.nan if name in ("prev_counters", "power_ema") else 0.0
-            pad = np.full((extra, *arr.shape[1:]), fill)
-            setattr(self, name, np.concatenate([arr, pad]))
+        self.prev_counters = np.concatenate(
+            [self.prev_counters, np.full((extra, len(COUNTER_COLS)), np.nan)])
+        self.max_clock = np.concatenate([self.max_clock, np.zeros(extra)])
+        self.last_pred = np.concatenate([self.last_pred, np.full(extra, np.nan)])
+        self.last_resid = np.concatenate([self.last_resid, np.full(extra, np.nan)])
+        self.thermal.ensure(n)
         self.n = n
 
-    def state_arrays(self) -> dict[str, npt.NDArray[np.float64]]:
-        return {f"features.{name}": getattr(self, name)[: self.n].copy() for name in self.ARRAYS}
+    def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:
+        out: dict[str, npt.NDArray[np.generic]] = {
+            f"features.{name}": getattr(self, name)[: self.n].copy() for name in self.ARRAYS}
+        out.update(self.thermal.state_arrays("features.thermal"))
+        return out
 
-    def load_arrays(self, arrays: dict[str, npt.NDArray[np.float64]], n: int) -> None:
-        self.n = 0
+    def load_arrays(self, arrays: dict[str, npt.NDArray[np.generic]], n: int) -> None:
         self.__init__()  # type: ignore[misc]
         self.ensure(n)
         for name in self.ARRAYS:
             getattr(self, name)[:] = arrays[f"features.{name}"]
+        self.thermal.load_arrays(arrays, "features.thermal")
+
+    def thermal_view(self, ids: npt.NDArray[np.int64], node_groups: npt.NDArray[np.int64]
+                     ) -> ThermalView:
+        """The thermal models' view of the step just taken, for the health rules.
+
+        The excess over the node's median residual takes out what a node's GPUs share (the
+        inlet air, a fan curve); a node with one reporting GPU keeps its own residual.
+        """
+        resid = self.last_resid[ids]
+        peers = group_median(resid, node_groups)
+        _, inv, counts = np.unique(node_groups, return_inverse=True, return_counts=True)
+        finite = np.bincount(inv, weights=np.isfinite(resid).astype(np.float64))
+        alone = (finite[inv] < 2) | (counts[inv] < 2)
+        excess = np.where(alone, resid, resid - peers)
+        return ThermalView(self.last_pred[ids], self.thermal.error_c(ids), excess)
 
     def step(
         self,
         ids: npt.NDArray[np.int64],
         row: npt.NDArray[np.float64],
         node_groups: npt.NDArray[np.int64],
+        ts_ms: int,
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float64]]:
-        """Features of one step for GPUs ``ids`` from their gathered metrics ``row`` (G, K).
+        """Features of one step at ``ts_ms`` for GPUs ``ids`` from their gathered metrics
+        ``row`` (G, K).
 
         ``node_groups`` labels GPUs of the same node (contiguous runs) for the peer features.
         Returns (features (G, D) float32, counter increases (G, len(COUNTER_COLS))).
@@ -267,42 +279,8 @@ class FeatureState:
         feats[:, 9] = np.log1p(inc[:, 0] / 4.0) * 2.0
         feats[:, 10] = np.log1p(inc[:, 2:6].sum(axis=1) / 4.0) * 2.0
 
-        feats[:, 2] = self._residual(ids, temp, power) / 2.0
+        resid, self.last_pred[ids] = self.thermal.step(ids, temp, power, ts_ms)
+        self.last_resid[ids] = resid
+        feats[:, 2] = resid / 2.0
         np.nan_to_num(feats, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
         return feats.astype(np.float32), inc
-
-    def _residual(
-        self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
-        power: npt.NDArray[np.float64],
-    ) -> npt.NDArray[np.float64]:
-        """Temperature minus the per-GPU linear prediction from smoothed power, then learn.
-
-        The prediction is made before learning the step, so a sudden jump shows in full.
-        """
-        ok = np.isfinite(temp) & np.isfinite(power)
-        ema = self.power_ema[ids]
-        ema = np.where(np.isfinite(ema), ema + _POWER_SMOOTH * (power - ema), power)
-        ema = np.where(ok, ema, self.power_ema[ids])
-        self.power_ema[ids] = ema
-        n = self.rs_n[ids]
-        mx, my = self.rs_mx[ids], self.rs_my[ids]
-        vxx, vxy = self.rs_vxx[ids], self.rs_vxy[ids]
-        slope = np.where(vxx > 1e-6, vxy / np.where(vxx > 1e-6, vxx, 1.0), 0.0)
-        slope = np.clip(slope, 0.0, 1.0)  # degC per watt: physical, never negative
-        pred = my + slope * (ema - mx)
-        resid = np.where(ok & (n >= _RESID_WARMUP), temp - pred, 0.0)
-        # Learn (only where both readings exist).
-        a = np.maximum(1.0 / (n + 1.0), _RESID_ALPHA)
-        x = np.where(ok, ema, mx)
-        y = np.where(ok, temp, my)
-        dx, dy = x - mx, y - my
-        mx = mx + a * dx
-        my = my + a * dy
-        vxx = (1 - a) * (vxx + a * dx * dx)
-        vxy = (1 - a) * (vxy + a * dx * dy)
-        self.rs_mx[ids] = np.where(ok, mx, self.rs_mx[ids])
-        self.rs_my[ids] = np.where(ok, my, self.rs_my[ids])
-        self.rs_vxx[ids] = np.where(ok, vxx, self.rs_vxx[ids])
-        self.rs_vxy[ids] = np.where(ok, vxy, self.rs_vxy[ids])
-        self.rs_n[ids] = n + ok
-        return resid

@@ -6,22 +6,43 @@ consecutive steps and resolves once it has been false for ``hold_s`` seconds (an
 double-bit error is a moment, so it keeps its alert open a while; a slowdown bit is a state).
 
 =================  ========  ========================================================================
-rule               severity  condition
+rule               severity  condition, and why healthy hardware cannot produce it
 =================  ========  ========================================================================
 xid                critical  an XID code in ``HARDWARE_XIDS`` (critical ones) was reported
-                   warning   (the other codes of ``HARDWARE_XIDS``)
-ecc_dbe            critical  the double-bit ECC counter (volatile or aggregate) increased
-row_remap_failure  critical  a row remap failed (the GPU needs service)
-thermal_slowdown   warning   a thermal slowdown clock-event bit (SW 0x20 or HW 0x40) is set
-hw_slowdown        warning   HW slowdown (0x08) or HW power brake (0x80) is set
-temperature_stuck  warning   the die temperature reading has not changed for ``stuck_after_s``
-                             while the power draw moved by ``stuck_power_w`` or more
-ecc_sbe_burst      warning   the corrected ECC counter rose by ``burst_per_step`` or more in
-                             each of ``burst_steps`` consecutive steps
-link_errors        warning   the same for NVLink CRC + replay + recovery and PCIe replays
+                   warning   (the other codes of ``HARDWARE_XIDS``). The driver itself says the
+                             hardware failed; application XIDs (13, 31, 43) are left out.
+ecc_dbe            critical  the double-bit ECC counter (volatile or aggregate) increased: an
+                             uncorrectable memory error is never routine.
+row_remap_failure  critical  a row remap failed: the memory has no spare rows left.
+thermal_slowdown   warning   a thermal slowdown clock-event bit (SW 0x20 or HW 0x40) is set for
+                             ``slowdown_open_after`` steps: the GPU's own governor found its
+                             cooling insufficient for the work.
+hw_slowdown        warning   HW slowdown (0x08) or HW power brake (0x80) is set: asserted by the
+                             board or the system, never by ordinary load.
+temperature_stuck  warning   the die temperature reading has stayed identical for
+                             ``stuck_after_s`` while the GPU's own thermal model
+                             (``detector.thermal_model``: its learned lag and degC per watt)
+                             predicts a change of ``stuck_predicted_c`` or more, and at least 4
+                             times its recent prediction error. Judged by the GPU's own response,
+                             not by a watt swing: a liquid-cooled die that holds one integer
+                             through an all-reduce rhythm is predicted to hold it too.
+thermal_excess     warning   the die reads ``excess_c`` or more above what its own thermal model
+                             predicts for its power, and that much above its node peers' median
+                             excess (an inlet change or a fan curve moves the whole node), for
+                             ``excess_after_s``: the heat path (paste, fan, pump, airflow) of
+                             this GPU degraded, whatever its load. A node of one GPU has no
+                             peers, so its own excess counts.
+ecc_sbe_burst      warning   corrected ECC errors, counted with an exponential memory of
+                             ``burst_window_s``, reach ``burst_count``: healthy HBM corrects a
+                             few errors a day; a sustained rate of one every few seconds is a
+                             failing part, and a storm of dozens reaches it in one step. It
+                             resolves ``event_hold_s`` after the errors stop.
+link_errors        warning   the same for NVLink CRC + replay + recovery and PCIe replays.
 gpu_lost           critical  the GPU stopped reporting: every metric NaN, or no sample for
                              ``stale_after_s`` while the rest of its rack reports (fell off the bus)
 =================  ========  ========================================================================
+
+Every window is in seconds of event time, so a rule means the same at 0.2 Hz and at 10 Hz.
 
 All of it is vector operations over the GPUs of a step; the state is a few arrays per rule.
 """
@@ -35,9 +56,11 @@ import numpy as np
 import numpy.typing as npt
 
 from detector.features import COL, THROTTLE_SW_THERMAL
+from detector.thermal_model import ThermalView
 from schemas.records import Severity
 
-__all__ = ["CRITICAL_XIDS", "HARDWARE_XIDS", "RULES", "Rule", "RuleBook", "RuleParams"]
+__all__ = ["CRITICAL_XIDS", "HARDWARE_XIDS", "RULES", "Rule", "RuleBook", "RuleParams",
+           "ThermalView"]
 
 HARDWARE_XIDS: Final = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140})
 """XIDs that mean hardware (not application) trouble, from NVIDIA's XID catalogue:
@@ -68,13 +91,17 @@ class RuleParams:
     slowdown_open_after: int = 3
     """Consecutive steps with a slowdown bit before the slowdown rules fire."""
     stuck_after_s: float = 60.0
-    """Seconds a temperature reading may stay identical while power moves ..."""
-    stuck_power_w: float = 100.0
-    """... by at least this many watts (max - min) before the sensor counts as stuck."""
-    burst_per_step: float = 10.0
-    """Error counter increase per step that counts towards a burst ..."""
-    burst_steps: int = 3
-    """... for this many consecutive steps (lone errors are routine)."""
+    """Seconds a temperature reading must stay identical ..."""
+    stuck_predicted_c: float = 4.0
+    """... while the GPU's thermal model predicts at least this change (max - min) for it."""
+    excess_c: float = 8.0
+    """Degrees above the GPU's own thermal prediction (and its node peers') ..."""
+    excess_after_s: float = 60.0
+    """... held this long before the heat path counts as degraded."""
+    burst_count: float = 20.0
+    """Errors (exponentially weighted over ``burst_window_s``) that make a burst ..."""
+    burst_window_s: float = 60.0
+    """... the memory of that count (a lone error is routine)."""
     lost_open_after: int = 5
     """Consecutive all-NaN steps before a GPU that still sends frames counts as lost."""
     event_hold_s: float = 45.0
@@ -97,10 +124,15 @@ def rules_for(p: RuleParams) -> tuple[Rule, ...]:
              "fleetpulse_gpu_clock_event_reasons", "hardware slowdown / power brake asserted"),
         Rule("temperature_stuck", Severity.WARNING, 1, p.state_hold_s,
              "fleetpulse_gpu_temperature_celsius",
-             "temperature reading frozen while the power draw moves (sensor stuck?)"),
-        Rule("ecc_sbe_burst", Severity.WARNING, p.burst_steps, p.event_hold_s,
+             "temperature reading frozen while the GPU's thermal model says it must move "
+             "(sensor stuck?)"),
+        Rule("thermal_excess", Severity.WARNING, 1, p.state_hold_s,
+             "fleetpulse_gpu_temperature_celsius",
+             "hotter than its own thermal model and its node peers at this power "
+             "(heat path degraded?)"),
+        Rule("ecc_sbe_burst", Severity.WARNING, 1, p.event_hold_s,
              "fleetpulse_gpu_ecc_sbe_volatile_total", "corrected ECC errors in a burst"),
-        Rule("link_errors", Severity.WARNING, p.burst_steps, p.event_hold_s,
+        Rule("link_errors", Severity.WARNING, 1, p.event_hold_s,
              "fleetpulse_gpu_nvlink_crc_errors_total",
              "NVLink / PCIe link errors in a burst"),
         Rule("gpu_lost", Severity.CRITICAL, p.lost_open_after, p.state_hold_s, "fleetpulse_gpu_xid",
@@ -116,7 +148,9 @@ class RuleBook:
     """Rule state for models 0..n-1: consecutive-true runs, last time true, open episodes."""
 
     ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
-              "stuck_temp", "stuck_since_ms", "stuck_pmin", "stuck_pmax")
+              "stuck_temp", "stuck_since_ms", "stuck_pmin", "stuck_pmax", "stuck_err",
+              "excess_since_ms",
+              "burst")
 
     def __init__(self, params: RuleParams) -> None:
         self.params = params
@@ -128,11 +162,19 @@ class RuleBook:
         self.started_ms = np.zeros((0, r), dtype=np.int64)
         self.value = np.zeros((0, r), dtype=np.float64)
         self.last_seen_ms = np.zeros(0, dtype=np.int64)
-        # Frozen-sensor tracking: the current reading, since when, power range since then.
+        # Frozen-sensor tracking: the current reading, since when, and the range of the
+        # thermal model's predictions since then.
         self.stuck_temp = np.zeros(0)
         self.stuck_since_ms = np.zeros(0, dtype=np.int64)
         self.stuck_pmin = np.zeros(0)
         self.stuck_pmax = np.zeros(0)
+        self.stuck_err = np.zeros(0)
+        """The thermal model's error when the reading last changed: a frozen reading teaches
+        the model to err, so the bar is the error it had before."""
+        self.excess_since_ms = np.zeros(0, dtype=np.int64)
+        """Since when the GPU has run hotter than its thermal model (0: it does not)."""
+        self.burst = np.zeros((0, 2))
+        """Exponentially weighted corrected-ECC and link error counts."""
 
     def ensure(self, n: int) -> None:
         extra = n - len(self.run)
@@ -146,12 +188,18 @@ class RuleBook:
     def conditions(
         self, ids: npt.NDArray[np.int64], row: npt.NDArray[np.float64],
         inc: npt.NDArray[np.float64], valid: npt.NDArray[np.bool_], ts_ms: int,
+        thermal: ThermalView,
     ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
-        """(G, R) condition matrix and a value per condition (the XID code, the count...)."""
+        """(G, R) condition matrix and a value per condition (the XID code, the count...).
+
+        ``thermal`` is what the GPUs' thermal models said about this step's readings.
+        """
         g = row.shape[0]
         p = self.params
         cond = np.zeros((g, len(self.rules)), dtype=bool)
         val = np.zeros((g, len(self.rules)))
+        seen = self.last_seen_ms[ids]
+        dt_s = np.where(seen > 0, np.clip((ts_ms - seen) / 1000.0, 0.0, 60.0), 1.0)
         xid = row[:, COL["xid"]]
         xi = np.where(np.isfinite(xid) & (xid >= 0) & (xid < 256), xid, 0).astype(np.int64)
         cond[:, 0] = _XID_LOOKUP[xi] > 0
@@ -166,25 +214,41 @@ class RuleBook:
         cond[:, 3] = (ib & (THROTTLE_SW_THERMAL | 0x40)) != 0
         cond[:, 4] = (ib & (0x08 | 0x80)) != 0
         val[:, 3] = val[:, 4] = ib
-        # Frozen temperature while power moves.
+        # Frozen reading while the GPU's own thermal model says it must move.
         temp = row[:, COL["temperature_celsius"]]
-        power = row[:, COL["power_usage_watts"]]
-        ok = np.isfinite(temp) & np.isfinite(power)
+        pred = thermal.predicted_c
+        ok = np.isfinite(temp) & np.isfinite(pred)
         same = ok & (temp == self.stuck_temp[ids]) & (self.stuck_since_ms[ids] > 0)
         self.stuck_since_ms[ids] = np.where(same, self.stuck_since_ms[ids],
                                             np.where(ok, ts_ms, 0))
         self.stuck_temp[ids] = np.where(ok, temp, np.nan)
-        self.stuck_pmin[ids] = np.where(same, np.fmin(self.stuck_pmin[ids], power), power)
-        self.stuck_pmax[ids] = np.where(same, np.fmax(self.stuck_pmax[ids], power), power)
+        self.stuck_pmin[ids] = np.where(same, np.fmin(self.stuck_pmin[ids], pred), pred)
+        self.stuck_pmax[ids] = np.where(same, np.fmax(self.stuck_pmax[ids], pred), pred)
+        self.stuck_err[ids] = np.where(same, self.stuck_err[ids], thermal.error_c)
         frozen_ms = np.where(same, ts_ms - self.stuck_since_ms[ids], 0)
         swing = self.stuck_pmax[ids] - self.stuck_pmin[ids]
-        cond[:, 5] = same & (frozen_ms >= p.stuck_after_s * 1000) & (swing >= p.stuck_power_w)
+        cond[:, 5] = (same & (frozen_ms >= p.stuck_after_s * 1000)
+                      & (swing >= np.maximum(p.stuck_predicted_c, 4.0 * self.stuck_err[ids])))
         val[:, 5] = temp
-        cond[:, 6] = inc[:, 0] >= p.burst_per_step
-        val[:, 6] = inc[:, 0]
-        links = inc[:, 2:6].sum(axis=1)
-        cond[:, 7] = links >= p.burst_per_step
-        val[:, 7] = links
+        # Hotter than its own thermal model, and than its node peers.
+        excess = thermal.excess_c
+        hot = np.isfinite(excess) & (excess >= p.excess_c)
+        since = self.excess_since_ms[ids]
+        since = np.where(hot, np.where(since > 0, since, ts_ms), 0)
+        self.excess_since_ms[ids] = since
+        cond[:, 6] = hot & (ts_ms - since >= p.excess_after_s * 1000)
+        val[:, 6] = np.where(np.isfinite(excess), excess, 0.0)
+        # Error bursts: exponentially weighted counts over seconds of event time.
+        keep = np.exp(-dt_s / p.burst_window_s)
+        counts = np.stack([inc[:, 0], inc[:, 2:6].sum(axis=1)], axis=1)
+        burst = self.burst[ids] * keep[:, None] + counts
+        self.burst[ids] = burst
+        # True on the steps that add errors to a burst, so the alert resolves
+        # ``event_hold_s`` after the errors stop rather than when the count has decayed.
+        cond[:, 7] = (burst[:, 0] >= p.burst_count) & (counts[:, 0] > 0)
+        cond[:, 8] = (burst[:, 1] >= p.burst_count) & (counts[:, 1] > 0)
+        val[:, 7] = burst[:, 0]
+        val[:, 8] = burst[:, 1]
         cond[:, LOST] = ~valid
         return cond, val
 

@@ -169,7 +169,7 @@ class DetectorShard:
         self.steps += 1
         out: list[AlertRecord] = []
         valid: npt.NDArray[np.bool_] = np.asarray(np.isfinite(row).any(axis=1))
-        feats, inc = self.features.step(ids, row, nodes)
+        feats, inc = self.features.step(ids, row, nodes, ts)
 
         # Forest -> threshold -> hysteresis, for the GPUs that reported.
         vi = np.flatnonzero(valid)
@@ -193,7 +193,8 @@ class DetectorShard:
             trace.open.append(self.gpu_bank.episodes.open[ids] | self.rules.open[ids].any(axis=1))
 
         # Health rules.
-        cond, val = self.rules.conditions(ids, row, inc, valid, ts)
+        cond, val = self.rules.conditions(ids, row, inc, valid, ts,
+                                          self.features.thermal_view(ids, nodes))
         r_open, r_res = self.rules.step(ids, cond, val, valid, ts)
         for r, k in r_open:
             out.append(self._open_rule_alert(int(ids[r]), k, ts, row[r]))

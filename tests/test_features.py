@@ -31,7 +31,7 @@ def test_units_of_plain_features() -> None:
     row[:, COL["power_usage_watts"]] = [350.0, 700.0]
     row[:, COL["power_limit_watts"]] = 700.0
     row[:, COL["utilization_ratio"]] = [0.5, 1.0]
-    feats, _ = st.step(np.array([0, 1]), row, np.array([0, 0]))
+    feats, _ = st.step(np.array([0, 1]), row, np.array([0, 0]), 1000)
     np.testing.assert_allclose(feats[:, F["temperature"]], [2.5, 5.0])
     np.testing.assert_allclose(feats[:, F["power"]], [1.25, 2.5])
     np.testing.assert_allclose(feats[:, F["utilization"]], [1.25, 2.5])
@@ -45,9 +45,9 @@ def test_counter_increase_resets_and_first_sight() -> None:
     st.ensure(1)
     row = np.full((1, len(GATHERED)), np.nan)
     incs = []
-    for value in (100.0, 100.0, 140.0, 3.0, 4.0):  # first sight, flat, +40, reset, +1
+    for k, value in enumerate((100.0, 100.0, 140.0, 3.0, 4.0)):  # first, flat, +40, reset, +1
         row[0, COL["ecc_sbe_volatile_total"]] = value
-        _, inc = st.step(np.array([0]), row, np.array([0]))
+        _, inc = st.step(np.array([0]), row, np.array([0]), 1000 * k)
         incs.append(inc[0, 0])
     assert incs == [0.0, 0.0, 40.0, 0.0, 1.0]
 
@@ -56,9 +56,9 @@ def test_a_storm_scores_far_above_a_lone_corrected_error() -> None:
     st = FeatureState()
     st.ensure(2)
     row = np.zeros((2, len(GATHERED)))
-    st.step(np.array([0, 1]), row, np.array([0, 0]))
+    st.step(np.array([0, 1]), row, np.array([0, 0]), 1000)
     row[:, COL["ecc_sbe_volatile_total"]] = [1.0, 40.0]
-    feats, _ = st.step(np.array([0, 1]), row, np.array([0, 0]))
+    feats, _ = st.step(np.array([0, 1]), row, np.array([0, 0]), 1000)
     lone, storm = feats[:, F["ecc_sbe_increase"]]
     assert lone < 0.5 < 3.0 < storm
 
@@ -69,7 +69,7 @@ def test_peer_features_single_out_the_straggler() -> None:
     row = np.zeros((8, len(GATHERED)))
     row[:, COL["utilization_ratio"]] = 0.5
     row[3, COL["utilization_ratio"]] = 1.0
-    feats, _ = st.step(np.arange(8), row, np.zeros(8, dtype=np.int64))
+    feats, _ = st.step(np.arange(8), row, np.zeros(8, dtype=np.int64), 1000)
     assert feats[3, F["util_vs_node"]] == 10.0
     assert np.all(np.delete(feats[:, F["util_vs_node"]], 3) == 0.0)
 
@@ -89,7 +89,7 @@ def test_temperature_residual_flags_a_stuck_sensor_but_not_normal_swings() -> No
     stuck_from = 600
     data[stuck_from:, 1, COL["temperature_celsius"]] = data[stuck_from, 1,
                                                             COL["temperature_celsius"]]
-    resid = np.array([st.step(np.arange(2), data[s], np.array([0, 0]))[0][:, F["temp_residual"]]
+    resid = np.array([st.step(np.arange(2), data[s], np.array([0, 0]), 1000 * s)[0][:, F["temp_residual"]]
                       for s in range(900)])
     normal = np.abs(resid[300:, 0]).max()
     stuck = np.abs(resid[stuck_from:, 1]).max()

@@ -92,15 +92,41 @@ def test_stuck_temperature_and_error_bursts() -> None:
     sbe[300] = 1.0  # a lone corrected error, routine
     data[:, 2, COL["ecc_sbe_volatile_total"]] = np.cumsum(sbe)
     crc = np.zeros(500)
-    crc[150:152] = 50.0  # two steps: shorter than a burst
+    crc[150:152] = 6.0  # a dozen retried flits: routine
     crc[400:420] = 120.0
     data[:, 3, COL["nvlink_crc_errors_total"]] = np.cumsum(crc)
+    slow = np.zeros(500)
+    slow[160:460] = np.random.default_rng(5).poisson(3.0, 300)  # a barely visible storm: 3/s
+    data[:, 4, COL["ecc_sbe_volatile_total"]] = np.cumsum(slow)
     got = _rule_alerts(shard.process(ids, nodes, timestamps(500), data))
     stuck = [g for g in got if g[1] == "rule:temperature_stuck"]
     assert stuck and stuck[0][2] == "node-0/gpu-0" and 260 <= stuck[0][3] <= 300, stuck
     assert all(g[2] == "node-0/gpu-0" for g in stuck)
-    assert ("firing", "rule:ecc_sbe_burst", "node-0/gpu-2", 102) in got
+    # 25 errors in a second is a burst at once; it resolves 45 s after the last error
+    # (109), and the lone error at 300 raises nothing.
+    assert [g for g in got if g[2] == "node-0/gpu-2"] == [
+        ("firing", "rule:ecc_sbe_burst", "node-0/gpu-2", 100),
+        ("resolved", "rule:ecc_sbe_burst", "node-0/gpu-2", 154)]
+    # Three a second reach the count within about ten seconds.
+    slow_alerts = [g for g in got if g[2] == "node-1/gpu-0"]
+    assert slow_alerts and slow_alerts[0][:2] == ("firing", "rule:ecc_sbe_burst"), slow_alerts
+    assert 160 <= slow_alerts[0][3] <= 175, slow_alerts
     links = [g for g in got if g[1] == "rule:link_errors"]
-    # Fires on the 3rd step of the burst, resolves 45 s after its last step (419).
-    assert links == [("firing", "rule:link_errors", "node-0/gpu-3", 402),
+    assert links == [("firing", "rule:link_errors", "node-0/gpu-3", 400),
                      ("resolved", "rule:link_errors", "node-0/gpu-3", 464)]
+
+
+def test_thermal_excess_fires_on_a_gpu_hotter_than_its_own_model_not_on_a_node_wide_rise() -> None:
+    shard, ids, nodes = _shard()
+    data = healthy(700, 8, seed=4)
+    temp = COL["temperature_celsius"]
+    # GPU 2 (node 0): its heat path degrades from step 400: +14 degC over 100 s, load as before.
+    data[400:, 2, temp] += np.round(np.minimum(np.arange(300) / 100.0, 1.0) * 14.0)
+    # Node 1's inlet warms by 12 degC: all four of its GPUs together, which is not one GPU's
+    # heat path (the rack model and the peers see that, not this rule).
+    data[400:, 4:8, temp] += np.round(np.minimum(np.arange(300) / 100.0, 1.0) * 12.0)[:, None]
+    got = _rule_alerts(shard.process(ids, nodes, timestamps(700), data))
+    excess = [g for g in got if g[1] == "rule:thermal_excess"]
+    assert excess and {g[2] for g in excess} == {"node-0/gpu-2"}, excess
+    # 8 degC above the model is reached about 57 s in, then held for 60 s.
+    assert 450 <= excess[0][3] <= 540, excess

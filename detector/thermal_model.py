@@ -1,0 +1,177 @@
+"""Each GPU's own thermal response, learned online: what its die temperature should read.
+
+A die follows its power draw with a first-order lag, ``T -> inlet + R * P`` with a time
+constant of a few seconds (an air-cooled SXM heat sink) to minutes (liquid cooling, large
+thermal mass). A detector that assumes one time constant gets both kinds wrong: with a
+15 s lag on a GPU whose die takes two minutes, every job that ends leaves the die "too hot
+for its power" for minutes, and an integer sensor that holds one value through an
+all-reduce rhythm looks frozen.
+
+So every GPU keeps a small bank of candidate lags (``TAUS_S``). For each, power is smoothed
+with that time constant and the temperature is regressed on the smoothed power
+(exponentially weighted least squares with an hour's memory, in seconds, so the sampling
+rate does not change it). The candidate whose prediction has had the smallest residual
+variance over the last ten minutes is the GPU's thermal model. Its outputs:
+
+- the *residual*: reading minus prediction (none until ``WARMUP_STEPS`` readings were
+  learned). Heat-path trouble (a failing fan or pump, dried paste, a blocked inlet) makes
+  a GPU hotter than its own history at the same power; the hour-long regression is the
+  slow baseline that a 25 degC ramp over minutes cannot drag along with it;
+- the *prediction* itself, which the frozen-sensor rule compares a reading against.
+
+The prediction is made before the step is learned, so a sudden jump shows in full. All of
+it runs in one compiled loop over the GPUs of a call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+import numba
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["TAUS_S", "WARMUP_STEPS", "ThermalModels", "ThermalView"]
+
+TAUS_S: Final = np.array([4.0, 15.0, 45.0, 120.0])
+"""Candidate thermal time constants (seconds): air-cooled SXM (a few s) to liquid-cooled
+boards and large cold plates (minutes)."""
+WARMUP_STEPS: Final = 120
+"""Readings learned before the residual is reported."""
+_MEMORY_S: Final = 3600.0
+"""Memory of the temperature-on-power regression (the slow baseline)."""
+_SELECT_MEMORY_S: Final = 600.0
+"""Memory of the residual variance that picks the candidate lag."""
+_MAX_DT_S: Final = 60.0
+"""A gap longer than this is learned as this long (a restarted agent, a missed frame)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ThermalView:
+    """What the thermal models say of one step's GPUs (the health rules read it)."""
+
+    predicted_c: npt.NDArray[np.float64]
+    """The die temperature each GPU's model predicts for its power history (NaN: none yet)."""
+    error_c: npt.NDArray[np.float64]
+    """The model's recent prediction error (RMS, degC)."""
+    excess_c: npt.NDArray[np.float64]
+    """Reading minus prediction, less the node peers' median of the same (NaN: none yet)."""
+
+
+@numba.njit(cache=True)
+def _thermal_step(ids, temp, power, ts_ms, taus, last_ms, n, ema, mx, my, vxx, vxy, rv,
+                  best, resid, pred):  # pragma: no cover - compiled
+    k_taus = taus.shape[0]
+    for i in range(ids.shape[0]):
+        g = ids[i]
+        t = temp[i]
+        p = power[i]
+        resid[i] = np.nan
+        pred[i] = np.nan
+        if not (np.isfinite(t) and np.isfinite(p)):
+            continue
+        if last_ms[g] > 0:
+            dt = (ts_ms - last_ms[g]) / 1000.0
+            dt = min(max(dt, 0.0), _MAX_DT_S)
+        else:
+            dt = 1.0
+        last_ms[g] = ts_ms
+        first = n[g] == 0
+        for k in range(k_taus):
+            if first:
+                ema[g, k] = p
+            else:
+                ema[g, k] += (1.0 - np.exp(-dt / taus[k])) * (p - ema[g, k])
+        # Predict with every candidate, report the best one's, then learn.
+        b = best[g]
+        a = max(1.0 / (n[g] + 1.0), dt / _MEMORY_S)
+        a_sel = max(1.0 / (n[g] + 1.0), dt / _SELECT_MEMORY_S)
+        top = 0
+        for k in range(k_taus):
+            slope = 0.0
+            if vxx[g, k] > 1e-6:
+                slope = min(max(vxy[g, k] / vxx[g, k], 0.0), 1.0)  # degC/W, never negative
+            pk = my[g, k] + slope * (ema[g, k] - mx[g, k])
+            r = t - pk
+            if k == b and n[g] >= _WARMUP:
+                pred[i] = pk
+                resid[i] = r
+            if n[g] >= 30:
+                rv[g, k] += a_sel * (r * r - rv[g, k])
+            if rv[g, k] < rv[g, top]:
+                top = k
+            dx = ema[g, k] - mx[g, k]
+            dy = t - my[g, k]
+            mx[g, k] += a * dx
+            my[g, k] += a * dy
+            vxx[g, k] = (1.0 - a) * (vxx[g, k] + a * dx * dx)
+            vxy[g, k] = (1.0 - a) * (vxy[g, k] + a * dx * dy)
+        if n[g] >= 30:
+            best[g] = top
+        n[g] += 1
+
+
+_WARMUP = WARMUP_STEPS
+
+
+class ThermalModels:
+    """The candidate-lag regressions of GPUs ``0..n-1`` (arrays grow on demand)."""
+
+    ARRAYS: Final = ("last_ms", "n", "ema", "mx", "my", "vxx", "vxy", "rv", "best")
+
+    def __init__(self) -> None:
+        k = len(TAUS_S)
+        self.last_ms = np.zeros(0, dtype=np.int64)
+        self.n = np.zeros(0, dtype=np.int64)
+        self.ema = np.zeros((0, k))
+        self.mx = np.zeros((0, k))
+        self.my = np.zeros((0, k))
+        self.vxx = np.zeros((0, k))
+        self.vxy = np.zeros((0, k))
+        self.rv = np.zeros((0, k))
+        self.best = np.zeros(0, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.n)
+
+    def ensure(self, n: int) -> None:
+        extra = n - len(self.n)
+        if extra <= 0:
+            return
+        for name in self.ARRAYS:
+            arr = getattr(self, name)
+            pad = np.zeros((extra, *arr.shape[1:]), dtype=arr.dtype)
+            if name == "best":
+                pad[:] = 1  # 15 s until a GPU shows otherwise
+            setattr(self, name, np.concatenate([arr, pad]))
+
+    def step(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
+             power: npt.NDArray[np.float64], ts_ms: int
+             ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Learn one reading per GPU; returns (residual, prediction), degC, NaN where the
+        GPU has no reading or its model is still warming up."""
+        g = len(ids)
+        resid = np.full(g, np.nan)
+        pred = np.full(g, np.nan)
+        _thermal_step(np.ascontiguousarray(ids, dtype=np.int64),
+                      np.ascontiguousarray(temp, dtype=np.float64),
+                      np.ascontiguousarray(power, dtype=np.float64), int(ts_ms), TAUS_S,
+                      self.last_ms, self.n, self.ema, self.mx, self.my, self.vxx, self.vxy,
+                      self.rv, self.best, resid, pred)
+        return resid, pred
+
+    def error_c(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """RMS prediction error of each GPU's chosen model over the last ten minutes."""
+        return np.asarray(np.sqrt(self.rv[ids, self.best[ids]]), dtype=np.float64)
+
+    def tau_s(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """The time constant each GPU's thermal model chose."""
+        return np.asarray(TAUS_S[self.best[ids]], dtype=np.float64)
+
+    def state_arrays(self, prefix: str) -> dict[str, npt.NDArray[np.generic]]:
+        return {f"{prefix}.{k}": getattr(self, k).copy() for k in self.ARRAYS}
+
+    def load_arrays(self, arrays: dict[str, npt.NDArray[np.generic]], prefix: str) -> None:
+        for k in self.ARRAYS:
+            setattr(self, k, np.array(arrays[f"{prefix}.{k}"], dtype=getattr(self, k).dtype))
