@@ -321,7 +321,7 @@ def hst_baseline(fleet: Fleet, subset: npt.NDArray[np.int64], config: DetectorCo
     t0 = time.process_time()
     for k in range(fleet.steps):
         row = fleet.gathered[k][subset]
-        x, _ = feats.step(ids, row, groups)
+        x, _ = feats.step(ids, row, groups, int(ts[k]))
         x = np.clip((x - _HST_LO) / (_HST_HI - _HST_LO), 0.0, 1.0)
         valid = np.isfinite(row).any(axis=1)
         scores = np.zeros(n)
