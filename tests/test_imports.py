@@ -14,7 +14,7 @@ import importlib.metadata
 import re
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def _imports(path: Path) -> Iterator[tuple[str, int]]:
             yield node.module.partition(".")[0], node.lineno
 
 
-def _distributions(module: str, known: dict[str, list[str]]) -> set[str]:
+def _distributions(module: str, known: Mapping[str, list[str]]) -> set[str]:
     """Which distributions provide ``module``; its own name when it is not installed here."""
     return {_norm(d) for d in known.get(module, [module])}
 
