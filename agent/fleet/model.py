@@ -123,6 +123,8 @@ class FleetModel:
         self.reported_temp = thermal.quantize_temp(self.temp, prof.temp_steps_per_c)
         self._temp_steps = prof.temp_steps_per_c
         self._power_step_mw = prof.power_step_mw
+        # Noise never reads below this (20 W, or less for boards that idle near 20 W).
+        self._power_floor_w = min(20.0, 0.6 * prof.idle_w[0])
         self._alpha = thermal.lag_factor(self.dt, prof.die_tau_s)
         self._mem_alpha = (self._alpha * 0.7 if prof.mem_tau_s is None
                            else thermal.lag_factor(self.dt, prof.mem_tau_s))
@@ -224,7 +226,7 @@ class FleetModel:
         prof = self.profile
         power_w = (self.gov.idle_w + self.gov.dynamic_w * (util * 0.01) * frac * frac
                    + prof.power_noise_w * noise[0])
-        power_w = np.clip(power_w, 20.0, self.gov.limit_w + 4.0)
+        power_w = np.clip(power_w, self._power_floor_w, self.gov.limit_w + 4.0)
         if self._power_step_mw == 1:
             power_mw = np.rint(power_w * 1000.0)
         else:
