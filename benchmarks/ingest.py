@@ -447,6 +447,9 @@ def generator_rate(gpus: int, seconds: float = 1.0) -> float:
 
 
 def _start_broker(broker_dir: Path) -> str:
+    if not (ROOT / "scripts" / "kafka.sh").exists():  # an installed wheel has no scripts/
+        raise SystemExit("benchmarks.ingest: no scripts/kafka.sh here (it comes with a "
+                         "checkout, not the wheel); pass --bootstrap HOST:PORT of a broker")
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "kafka.sh"), "start", "--dir",
                            str(broker_dir), "--owner", str(os.getpid())],
                           capture_output=True, text=True, timeout=300)
