@@ -52,14 +52,15 @@ class ModelBank:
 
     def step(self, ids: npt.NDArray[np.int64], points: npt.NDArray[np.float32],
              ts_ms: int | npt.NDArray[np.int64],
-             judge: Callable[[npt.NDArray[np.bool_], npt.NDArray[np.float64],
-                              npt.NDArray[np.float64]], npt.NDArray[np.bool_]] | None = None,
+             judge: Callable[[npt.NDArray[np.bool_], ScoreBatch, npt.NDArray[np.float64]],
+                             npt.NDArray[np.bool_]] | None = None,
              ) -> BankStep:
         """Score and learn one point per model, judge it, advance the episodes.
 
         ``judge`` may overrule the threshold's verdict before the episodes see it (the GPU
-        models' node veto, see ``DetectorShard``): it gets the anomalous flags, the scores and
-        the thresholds, and returns the flags that count.
+        models' node veto, the rack models' "hot, not idle" test, see ``DetectorShard``): it
+        gets the anomalous flags, the scored batch (with attributions of every row above its
+        threshold) and the thresholds, and returns the flags that count.
         """
         thr_now = self.thresholds.threshold(ids)
         # Attribution is only read when an episode opens, i.e. on an anomalous step.
@@ -67,7 +68,7 @@ class ModelBank:
         thr, anomalous = self.thresholds.update(ids, batch.scores)
         reset = None
         if judge is not None:
-            judged = judge(anomalous, batch.scores, thr)
+            judged = judge(anomalous, batch, thr)
             reset = anomalous & ~judged
             anomalous = judged
         opened, resolved = self.episodes.step(ids, anomalous, batch.scores, ts_ms, reset)

@@ -175,8 +175,9 @@ class DetectorShard:
         vi = np.flatnonzero(valid)
         vids = ids[vi]
         res = self.gpu_bank.step(vids, feats[vi], ts,
-                                 lambda a, sc, th: self._node_veto(vids, nodes[vi], feats[vi], a,
-                                                                   sc >= _ELEVATED * th, ts))
+                                 lambda a, b, th: self._node_veto(vids, nodes[vi], feats[vi], a,
+                                                                  b.scores >= _ELEVATED * th,
+                                                                  ts))
         batch, thr = res.batch, res.thresholds
         for r in res.opened:
             out.append(self._open_model_alert(int(vids[r]), ts, batch, int(r), thr[r], row[vi[r]]))
@@ -239,7 +240,7 @@ class DetectorShard:
                    means: npt.NDArray[np.float32]) -> list[AlertRecord]:
         out: list[AlertRecord] = []
         end = starts + self.rack_windows.window_ms
-        res = self.rack_bank.step(racks, means, end)
+        res = self.rack_bank.step(racks, means, end, _rack_runs_hot)
         batch, thr, opened, resolved = res.batch, res.thresholds, res.opened, res.resolved
         src = f"model:{self.engine_name}:rack"
         for r in opened:
@@ -347,6 +348,25 @@ class DetectorShard:
             score=round(float(score), 4), threshold=opened.threshold,
             started_ms=opened.started_ms, updated_ms=int(ts), attribution=opened.attribution, context=opened.context,
         )
+
+
+_RACK_THERMAL = np.array([RACK_FEATURES.index(n) for n in (
+    "rack_temperature", "rack_temp_residual", "rack_memory_temperature", "rack_throttling")])
+
+
+def _rack_runs_hot(anomalous: npt.NDArray[np.bool_], batch: ScoreBatch,
+                   thr: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_]:
+    """A rack anomaly counts only when it says the rack runs hot.
+
+    Cooling trouble makes a rack hotter (or throttled) for its load. A rack whose jobs ended
+    together scores as unusual too, but low: utilisation, power and with them temperature
+    fall. So at least half of the attribution must be thermal features above what the model
+    expects; on a healthy fleet every rack alert of the forest was the other kind.
+    """
+    w = batch.attribution
+    total = w.sum(axis=1)
+    hot = (w[:, _RACK_THERMAL] * (batch.direction[:, _RACK_THERMAL] > 0)).sum(axis=1)
+    return anomalous & (hot >= 0.5 * np.where(total > 0, total, np.inf))
 
 
 def _describe(attrib: tuple[Attribution, ...]) -> str:
