@@ -48,19 +48,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from detector.config import DetectorConfig
-from detector.episodes import EpisodeParams, Episodes
-from detector.features import (
-    COL,
-    FEATURES,
-    THROTTLE_HW_BITS,
-    THROTTLE_SW_THERMAL,
-    FeatureState,
-    gather,
+from benchmarks.detection_baselines import (
+    hst_baseline,
+    hst_subset,
+    mad_baseline,
+    random_baseline,
+    static_baseline,
 )
-from detector.rules import HARDWARE_XIDS
+from detector.config import DetectorConfig
+from detector.features import gather
 from detector.shard import DetectorShard
-from detector.thresholds import AdaptiveThresholds, ThresholdParams
 from schemas.catalog import BY_NAME
 from schemas.records import AlertRecord, AlertState
 
@@ -88,6 +85,11 @@ class Fleet:
     def steps(self) -> int:
         return self.gathered.shape[0]
 
+    @property
+    def step_ms(self) -> npt.NDArray[np.int64]:
+        """One time per step: the earliest GPU's (nodes report with a few ms of jitter)."""
+        return np.asarray(self.ts.min(axis=0), dtype=np.int64)
+
 
 @dataclass(slots=True)
 class Episode:
@@ -102,34 +104,11 @@ def load_fleet(args: argparse.Namespace) -> Fleet:
     from agent.fleet.faults import read_labels
 
     if args.npz:
-        data = load_npz(args.npz)
         labels = read_labels(args.labels) if args.labels else []
-        source = str(args.npz)
-    else:
-        data = generate(args.gpus, args.hz, args.duration, faults=args.faults, seed=args.seed)
-        labels = data.labels
-        source = (f"synthetic fleet: {args.gpus} GPUs, {args.duration:.0f} s at {args.hz:g} Hz, "
-                  f"{args.faults} faults, seed {args.seed}")
-    g = data.values.shape[0]
-    if data.nodes:
-        node_paths = list(data.nodes)
-    else:
-        node_paths = [f"bench/row-0/rack-{i // 32:03d}/node-{i // 8:04d}" for i in range(g)]
-    rack_paths = [p.rsplit("/", 1)[0] for p in node_paths]
-    paths = [f"{node_paths[i]}/gpu-{i}" for i in range(g)]
-    racks = {r: k for k, r in enumerate(dict.fromkeys(rack_paths))}
-    ids = np.array([BY_NAME[m].id for m in data.metrics], dtype=np.int64)
-    gathered = gather(np.ascontiguousarray(data.values.transpose(1, 0, 2)), ids)
-    ts = data.ts
-    steps = ts.shape[1]
-    hz = 1000.0 * (steps - 1) / max(float(np.median(ts[:, -1] - ts[:, 0])), 1.0) \
-        if steps > 1 else 1.0
-    return Fleet(ts, gathered, labels, paths, rack_paths, node_paths,
-                 np.array([racks[r] for r in rack_paths]), round(hz, 3), source)
-
-
-def step_times_ms(fleet: Fleet) -> npt.NDArray[np.int64]:
-    return np.asarray(fleet.ts.min(axis=0), dtype=np.int64)
+        return fleet_from_data(load_npz(args.npz), str(args.npz), labels)
+    data = generate(args.gpus, args.hz, args.duration, faults=args.faults, seed=args.seed)
+    return fleet_from_data(data, f"synthetic fleet: {args.gpus} GPUs, {args.duration:.0f} s at "
+                           f"{args.hz:g} Hz, {args.faults} faults, seed {args.seed}")
 
 
 def run_detector(fleet: Fleet, config: DetectorConfig, engine: str | None
@@ -137,10 +116,10 @@ def run_detector(fleet: Fleet, config: DetectorConfig, engine: str | None
     # Compile / warm the engine outside the timed run (numba kernels, caches).
     warm = DetectorShard(config, engine)
     wids, wnodes = warm.register(fleet.paths[:8], fleet.rack_paths[:8], fleet.node_paths[:8])
-    warm.process(wids, wnodes, step_times_ms(fleet)[:40], fleet.gathered[:40, :8])
+    warm.process(wids, wnodes, fleet.step_ms[:40], fleet.gathered[:40, :8])
     shard = DetectorShard(config, engine)
     ids, nodes = shard.register(fleet.paths, fleet.rack_paths, fleet.node_paths)
-    ts = step_times_ms(fleet)
+    ts = fleet.step_ms
     alerts: list[AlertRecord] = []
     chunk = 60
     t0 = time.process_time()
@@ -159,7 +138,7 @@ def peer_speed(fleet: Fleet, config: DetectorConfig, engine: str, gpus: int = 16
     g, t = min(gpus, fleet.gpus), min(steps, fleet.steps)
     shard = DetectorShard(config, engine)
     ids, nodes = shard.register(fleet.paths[:g], fleet.rack_paths[:g], fleet.node_paths[:g])
-    ts = step_times_ms(fleet)
+    ts = fleet.step_ms
     shard.process(ids, nodes, ts[:20], fleet.gathered[:20, :g])  # warm
     t0 = time.process_time()
     shard.process(ids, nodes, ts[20:t], fleet.gathered[20:t, :g])
@@ -226,7 +205,7 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
         if found:
             delays.append(max(0.0, min(found)))
     is_open = np.zeros((g, t), dtype=bool)
-    false_incidents = 0
+    false_eps: list[Episode] = []
     for e in episodes:
         gsel = e.gpus[sel[e.gpus]]
         if gsel.size == 0:
@@ -234,133 +213,182 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
         a, b = np.searchsorted(step_s, [e.start_s, e.end_s])
         is_open[np.ix_(gsel, np.arange(a, b))] = True
         if not excused[np.ix_(gsel, np.arange(a, max(b, a + 1)))].any():
-            false_incidents += 1
+            false_eps.append(e)
+    false_incidents = len(incidents_of(false_eps, rack))
+    false_by_source: dict[str, int] = {}
+    for e in false_eps:
+        false_by_source[e.source] = false_by_source.get(e.source, 0) + 1
     after = step_s >= cold_start_s
     normal = ~excused & after[None, :] & sel[:, None]
-    gpu_hours = float(sel.sum()) * max(0.0, (t - after.argmax()) / fleet.hz) / 3600.0
+    gpu_days = float(sel.sum()) * max(0.0, (t - after.argmax()) / fleet.hz) / 86_400.0
     n_faults = sum(len(v) for v in per_kind.values())
     return {
         "faults": n_faults,
+        "found": sum(sum(v) for v in per_kind.values()),
         "recall": round(sum(sum(v) for v in per_kind.values()) / max(n_faults, 1), 4),
         "recall_per_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(per_kind.items())},
+        "recall_per_kind_counts": {k: [sum(v), len(v)] for k, v in sorted(per_kind.items())},
         "false_incidents": false_incidents,
-        "gpu_hours": round(gpu_hours, 2),
-        "false_incidents_per_1000_gpu_hours": round(1000.0 * false_incidents
-                                                    / max(gpu_hours, 1e-9), 3),
+        "false_episodes_by_source": dict(sorted(false_by_source.items())),
+        "gpu_days": round(gpu_days, 3),
+        "false_incidents_per_1000_gpu_days": round(1000.0 * false_incidents
+                                                   / max(gpu_days, 1e-9), 2),
+        "false_per_1000_gpu_days_upper95": round(1000.0 * poisson_upper(false_incidents)
+                                                 / max(gpu_days, 1e-9), 2),
         "point_fpr": float(f"{is_open[normal].mean() if normal.any() else 0.0:.3g}"),
         "median_delay_s": round(float(np.median(delays)), 1) if delays else None,
+        "delays_s": [round(d, 1) for d in sorted(delays)],
     }
 
 
-def static_baseline(fleet: Fleet, ep: EpisodeParams) -> list[AlertRecord]:
-    """Fixed-threshold rules with the detector's hysteresis, as alert records."""
-    from schemas.records import Severity
+def incidents_of(episodes: list[Episode], rack: npt.NDArray[np.int64]) -> list[list[Episode]]:
+    """Episodes grouped as an SRE sees them: one cause, one incident.
 
-    g = fleet.gpus
-    episodes = Episodes(ep)
-    episodes.ensure(g)
-    ids = np.arange(g)
-    prev = np.full((g, 4), np.nan)
-    out: list[AlertRecord] = []
-    ts = step_times_ms(fleet)
-    hw_xid = np.zeros(256, dtype=bool)
-    hw_xid[list(HARDWARE_XIDS)] = True
-    for k in range(fleet.steps):
-        row = fleet.gathered[k]
-        temp, mem = row[:, COL["temperature_celsius"]], row[:, COL["memory_temperature_celsius"]]
-        bits = np.nan_to_num(row[:, COL["clock_event_reasons"]]).astype(np.int64)
-        xid = np.nan_to_num(row[:, COL["xid"]]).astype(np.int64).clip(0, 255)
-        cnt = row[:, [COL["ecc_sbe_volatile_total"], COL["ecc_dbe_volatile_total"],
-                      COL["nvlink_crc_errors_total"], COL["pcie_replay_errors_total"]]]
-        inc = np.nan_to_num(cnt - prev)
-        prev = np.where(np.isfinite(cnt), cnt, prev)
-        bad = ((temp >= 80) | (mem >= 90) | (bits & (THROTTLE_HW_BITS | THROTTLE_SW_THERMAL) > 0)
-               | hw_xid[xid] | (inc[:, 0] >= 10) | (inc[:, 1] > 0) | (inc[:, 2] >= 10)
-               | (inc[:, 3] >= 10) | ~np.isfinite(row).any(axis=1))
-        opened, resolved = episodes.step(ids, bad, bad.astype(float), int(ts[k]))
-        for i in opened:
-            out.append(_record(fleet.paths[i], "static", AlertState.FIRING, int(ts[k]), Severity))
-        for i in resolved:
-            out.append(_record(fleet.paths[i], "static", AlertState.RESOLVED, int(ts[k]),
-                               Severity))
+    Episodes on GPUs of the same rack that overlap in time (within ``GRACE_S``) are one
+    incident: a GPU alert beside its rack's, a rule and a model on the same GPU.
+    """
+    racks_of: list[set[int]] = []
+    ends: list[float] = []
+    members: list[list[Episode]] = []
+    for e in sorted(episodes, key=lambda e: e.start_s):
+        racks = {int(r) for r in rack[e.gpus]}
+        i = next((i for i in range(len(members))
+                  if racks & racks_of[i] and e.start_s <= ends[i] + GRACE_S), None)
+        if i is None:
+            racks_of.append(racks)
+            ends.append(e.end_s)
+            members.append([e])
+        else:
+            racks_of[i] |= racks
+            ends[i] = max(ends[i], e.end_s)
+            members[i].append(e)
+    return members
+
+
+def poisson_upper(k: int, confidence: float = 0.95) -> float:
+    """Upper confidence bound of a Poisson mean after ``k`` events (exact, by bisection)."""
+    lo, hi = float(k), float(k) + 10.0 + 10.0 * np.sqrt(k + 1.0)
+
+    def cdf(mu: float) -> float:
+        term = total = float(np.exp(-mu))
+        for i in range(1, k + 1):
+            term *= mu / i
+            total += term
+        return total
+
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if cdf(mid) > 1.0 - confidence:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def fleet_from_data(data: Any, source: str, labels: list[dict[str, Any]] | None = None
+                    ) -> Fleet:
+    """A :class:`Fleet` from a fleet export (``agent.fleet.FleetData`` or a loaded npz)."""
+    g = data.values.shape[0]
+    if data.nodes:
+        node_paths = list(data.nodes)
+    else:
+        node_paths = [f"bench/row-0/rack-{i // 32:03d}/node-{i // 8:04d}" for i in range(g)]
+    rack_paths = [p.rsplit("/", 1)[0] for p in node_paths]
+    paths = [f"{node_paths[i]}/gpu-{i}" for i in range(g)]
+    racks = {r: k for k, r in enumerate(dict.fromkeys(rack_paths))}
+    ids = np.array([BY_NAME[m].id for m in data.metrics], dtype=np.int64)
+    gathered = gather(np.ascontiguousarray(data.values.transpose(1, 0, 2)), ids)
+    ts = data.ts
+    steps = ts.shape[1]
+    hz = 1000.0 * (steps - 1) / max(float(np.median(ts[:, -1] - ts[:, 0])), 1.0) \
+        if steps > 1 else 1.0
+    return Fleet(ts, gathered, data.labels if labels is None else labels, paths, rack_paths,
+                 node_paths, np.array([racks[r] for r in rack_paths]), round(hz, 3), source)
+
+
+BASELINES = ("static", "mad", "random", "hst")
+
+
+def run_methods(fleet: Fleet, config: DetectorConfig, engine: str, *, seed: int,
+                baselines: tuple[str, ...] = BASELINES, hst_gpus: int = 24,
+                dump_alerts: Path | None = None) -> dict[str, Any]:
+    """The detector and the chosen baselines on one fleet, each scored by ``evaluate``."""
+    alerts, cpu, per_model, shard = run_detector(fleet, config, engine)
+    engine_cfg = shard.engine_config
+    cold_start_s = (config.model.warmup + engine_cfg.effective_output_after
+                    + engine_cfg.shingle) / fleet.hz
+    det = evaluate(fleet, episodes_from_alerts(fleet, alerts), cold_start_s)
+    if dump_alerts:
+        with dump_alerts.open("w") as fh:
+            for a in alerts:
+                fh.write(a.to_bytes().decode() + "\n")
+    det["updates_per_s"] = round(fleet.gpus * fleet.steps / max(cpu, 1e-9), 1)
+    det["bytes_per_model"] = per_model
+    det["engine"] = shard.engine_name
+    det["alerts"] = len(alerts)
+    # Which half found what: the forests alone (GPU and rack) and the rules alone.
+    keep = ("recall", "recall_per_kind", "false_incidents", "median_delay_s")
+    for part, prefix in (("forest_only", "model:"), ("rules_only", "rule:")):
+        mine = [a for a in alerts if a.source.startswith(prefix)]
+        det[part] = {k: v for k, v in evaluate(
+            fleet, episodes_from_alerts(fleet, mine), cold_start_s).items() if k in keep}
+    det["by_source"] = {}
+    for a in alerts:
+        if a.state is AlertState.FIRING:
+            det["by_source"][a.source] = det["by_source"].get(a.source, 0) + 1
+    out: dict[str, Any] = {"detector": det, "cold_start_s": round(cold_start_s, 1),
+                           "engine": shard.engine_name}
+    ep = config.alerts.episode_params()
+    if "static" in baselines:
+        out["static"] = evaluate(fleet, episodes_from_alerts(fleet, static_baseline(fleet, ep)),
+                                 cold_start_s)
+    if "mad" in baselines:
+        out["mad"] = evaluate(fleet, episodes_from_alerts(fleet, mad_baseline(fleet, ep)),
+                              cold_start_s)
+    if "random" in baselines:
+        out["random"] = evaluate(fleet, episodes_from_alerts(
+            fleet, random_baseline(fleet, alerts, seed)), cold_start_s)
+    if "hst" in baselines and hst_gpus > 0:
+        subset = hst_subset(fleet, hst_gpus, seed)
+        hst_alerts, hst_cpu = hst_baseline(fleet, subset, config)
+        hst = evaluate(fleet, episodes_from_alerts(fleet, hst_alerts), cold_start_s, subset)
+        hst["gpus"] = len(subset)
+        hst["updates_per_s"] = round(len(subset) * fleet.steps / max(hst_cpu, 1e-9), 1)
+        out["hst"] = hst
+        out["detector_on_hst_subset"] = evaluate(fleet, episodes_from_alerts(fleet, alerts),
+                                                 cold_start_s, subset)
+    out["_shard"] = shard
     return out
 
 
-def _record(entity: str, source: str, state: AlertState, ts: int, sev: Any) -> AlertRecord:
-    return AlertRecord(id="", entity=entity, level="gpu", state=state, severity=sev.WARNING,
-                       source=source, summary="", score=0.0, threshold=0.0, started_ms=ts,
-                       updated_ms=ts)
+METHOD_NAMES = {
+    "detector": "detector",
+    "static": "static thresholds",
+    "mad": "per-node MAD outliers",
+    "random": "random, same alert budget",
+    "detector_on_hst_subset": "detector, HST subset",
+    "hst": "river HalfSpaceTrees",
+}
 
 
-_HST_LO = np.array([-6, -6, -10, 0, 0, 0, -5, -5, 0, 0, 0], dtype=np.float64)
-_HST_HI = np.array([14, 14, 10, 6, 5, 10, 5, 5, 2, 10, 10], dtype=np.float64)
-
-
-def hst_baseline(fleet: Fleet, subset: npt.NDArray[np.int64], config: DetectorConfig
-                 ) -> tuple[list[AlertRecord], float]:
-    """river HalfSpaceTrees per GPU on the detector's features, same threshold/hysteresis."""
-    from river.anomaly import HalfSpaceTrees
-
-    n = len(subset)
-    models = [HalfSpaceTrees(n_trees=10, height=8, window_size=250, seed=i) for i in range(n)]
-    feats = FeatureState()
-    feats.ensure(n)
-    mc = config.model
-    thr = AdaptiveThresholds(ThresholdParams(z=mc.z, floor=0.5, horizon=mc.horizon,
-                                             warmup=mc.warmup, std_floor=0.02))
-    thr.ensure(n)
-    episodes = Episodes(config.alerts.episode_params())
-    episodes.ensure(n)
-    ids = np.arange(n)
-    groups = np.array([hash(fleet.node_paths[i]) for i in subset], dtype=np.int64)
-    ts = step_times_ms(fleet)
-    names = [f.name for f in FEATURES]
-    out: list[AlertRecord] = []
-    from schemas.records import Severity
-
-    t0 = time.process_time()
-    for k in range(fleet.steps):
-        row = fleet.gathered[k][subset]
-        x, _ = feats.step(ids, row, groups, int(ts[k]))
-        x = np.clip((x - _HST_LO) / (_HST_HI - _HST_LO), 0.0, 1.0)
-        valid = np.isfinite(row).any(axis=1)
-        scores = np.zeros(n)
-        for i in np.flatnonzero(valid):
-            point = dict(zip(names, x[i].tolist(), strict=True))
-            scores[i] = models[i].score_one(point) + 1e-9
-            models[i].learn_one(point)
-        _, anomalous = thr.update(ids, scores)
-        anomalous |= ~valid
-        opened, resolved = episodes.step(ids, anomalous, scores, int(ts[k]))
-        for i in opened:
-            out.append(_record(fleet.paths[subset[i]], "hst", AlertState.FIRING, int(ts[k]),
-                               Severity))
-        for i in resolved:
-            out.append(_record(fleet.paths[subset[i]], "hst", AlertState.RESOLVED, int(ts[k]),
-                               Severity))
-    return out, time.process_time() - t0
-
-
-def hst_subset(fleet: Fleet, size: int, seed: int) -> npt.NDArray[np.int64]:
-    chosen: list[int] = []
-    per_fault: dict[tuple[str, float], int] = {}
-    for lab in fleet.labels:
-        key = (lab["kind"], lab["start_s"])
-        if per_fault.get(key, 0) < 2:
-            per_fault[key] = per_fault.get(key, 0) + 1
-            chosen.append(lab["gpu"])
-    faulty = {lab["gpu"] for lab in fleet.labels}
-    healthy = [i for i in range(fleet.gpus) if i not in faulty]
-    rng = np.random.default_rng(seed)
-    extra = max(0, size - len(chosen))
-    chosen += rng.permutation(healthy)[:extra].tolist()
-    return np.array(sorted(set(chosen)), dtype=np.int64)
+def print_table(rows: list[tuple[str, dict[str, Any]]]) -> None:
+    print(f"\n{'method':<34} {'recall':>7} {'found':>7} {'false/1000d':>12} {'(95% up)':>9} "
+          f"{'point FPR':>10} {'delay s':>8}")
+    for name, r in rows:
+        delay = r["median_delay_s"]
+        print(f"{name:<34} {r['recall']:>7.3f} {r['found']:>3}/{r['faults']:<3} "
+              f"{r['false_incidents_per_1000_gpu_days']:>12.1f} "
+              f"{r['false_per_1000_gpu_days_upper95']:>9.1f} {r['point_fpr']:>10.2e} "
+              f"{delay if delay is not None else '-':>8}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--npz", type=Path, help="fleet export file (default: generate one)")
     parser.add_argument("--labels", type=Path, help="labels JSON for --npz")
+    parser.add_argument("--zoo", action="store_true",
+                        help="the fleet zoo: tuning and held-out profiles, reported apart "
+                        "(benchmarks.detection_zoo; see --zoo-* there)")
     parser.add_argument("--gpus", type=int, default=256)
     parser.add_argument("--duration", type=float, default=3600.0, help="seconds")
     parser.add_argument("--hz", type=float, default=1.0)
@@ -370,96 +398,64 @@ def main(argv: list[str] | None = None) -> int:
                         help="forest engine (default: numba when present, krcf is too slow "
                         "for a fleet-sized run in minutes)")
     parser.add_argument("--config", type=Path, help="detector TOML (model/alerts/rules)")
+    parser.add_argument("--baselines", default=",".join(BASELINES),
+                        help=f"comma-separated subset of {','.join(BASELINES)} ('' for none)")
     parser.add_argument("--hst-gpus", type=int, default=24, help="0 skips HalfSpaceTrees")
     parser.add_argument("--peer-engine", default="krcf",
                         help="engine timed on a 16-GPU slice for a same-run speed ratio "
                         "('' skips it)")
     parser.add_argument("--json", action="store_true", help="also print the JSON object")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"result JSON (default {RESULTS.name}, or detection_zoo.json)")
     parser.add_argument("--dump-alerts", type=Path, help="write the detector's alert records "
                         "(JSON lines) and each false incident, for tuning")
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.zoo:
+        from benchmarks.detection_zoo import main as zoo_main
+
+        return zoo_main(rest, args)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
 
     from fleetpulse.config import load_config
 
     config = load_config(DetectorConfig, args.config) if args.config else DetectorConfig()
-    if args.engine is None:
-        from detector.engines import DEFAULT_ENGINE, ENGINE_NAMES
-
-        args.engine = config.model.engine or ("numba" if "numba" in ENGINE_NAMES
-                                              else DEFAULT_ENGINE)
+    engine = resolve_engine(args.engine, config)
     wall0 = time.perf_counter()
     fleet = load_fleet(args)
     gen_s = time.perf_counter() - wall0
     print(f"data: {fleet.source} ({fleet.gpus} GPUs x {fleet.steps} steps, "
           f"{len(fleet.labels)} labels) in {gen_s:.1f} s", file=sys.stderr)
-
-    alerts, cpu, per_model, shard = run_detector(fleet, config, args.engine)
-    engine_cfg = shard.engine_config
-    cold_start_s = (config.model.warmup + engine_cfg.effective_output_after
-                    + engine_cfg.shingle) / fleet.hz
-    det = evaluate(fleet, episodes_from_alerts(fleet, alerts), cold_start_s)
-    if args.dump_alerts:
-        with args.dump_alerts.open("w") as fh:
-            for a in alerts:
-                fh.write(a.to_bytes().decode() + "\n")
-    updates = fleet.gpus * fleet.steps
-    det["updates_per_s"] = round(updates / cpu, 1)
-    det["bytes_per_model"] = per_model
-    det["engine"] = shard.engine_name
-    det["alerts"] = len(alerts)
-    # Which half found what: the forests alone (GPU and rack) and the rules alone.
-    models_only = [a for a in alerts if a.source.startswith("model:")]
-    rules_only = [a for a in alerts if a.source.startswith("rule:")]
-    det["forest_only"] = {k: v for k, v in evaluate(
-        fleet, episodes_from_alerts(fleet, models_only), cold_start_s).items()
-        if k in ("recall", "recall_per_kind", "false_incidents", "median_delay_s")}
-    det["rules_only"] = {k: v for k, v in evaluate(
-        fleet, episodes_from_alerts(fleet, rules_only), cold_start_s).items()
-        if k in ("recall", "recall_per_kind", "false_incidents", "median_delay_s")}
-    det["by_source"] = {}
-    for a in alerts:
-        if a.state is AlertState.FIRING:
-            det["by_source"][a.source] = det["by_source"].get(a.source, 0) + 1
-
-    static = evaluate(fleet, episodes_from_alerts(
-        fleet, static_baseline(fleet, config.alerts.episode_params())), cold_start_s)
-
+    baselines = tuple(b for b in args.baselines.split(",") if b)
+    unknown = set(baselines) - set(BASELINES)
+    if unknown:
+        parser.error(f"--baselines: unknown {sorted(unknown)}; choose from {BASELINES}")
+    res = run_methods(fleet, config, engine, seed=args.seed, baselines=baselines,
+                      hst_gpus=args.hst_gpus, dump_alerts=args.dump_alerts)
+    shard = res.pop("_shard")
+    det = res["detector"]
     peer: dict[str, Any] | None = None
     if args.peer_engine and args.peer_engine != shard.engine_name:
-        peer = peer_speed(fleet, config, args.peer_engine)
-        peer["detector_speedup"] = round(det["updates_per_s"] / peer["updates_per_s"], 2)
-    hst: dict[str, Any] | None = None
-    det_subset: dict[str, Any] | None = None
-    if args.hst_gpus > 0:
-        subset = hst_subset(fleet, args.hst_gpus, args.seed)
-        hst_alerts, hst_cpu = hst_baseline(fleet, subset, config)
-        hst = evaluate(fleet, episodes_from_alerts(fleet, hst_alerts), cold_start_s, subset)
-        hst["gpus"] = len(subset)
-        hst["updates_per_s"] = round(len(subset) * fleet.steps / hst_cpu, 1)
-        det_subset = evaluate(fleet, episodes_from_alerts(fleet, alerts), cold_start_s, subset)
+        from benchmarks.peers import import_peer
 
-    rows = [("detector (" + shard.engine_name + ")", det), ("static thresholds", static)]
-    if hst is not None and det_subset is not None:
-        rows += [(f"detector, HST subset ({hst['gpus']} GPUs)", det_subset),
-                 ("river HalfSpaceTrees", hst)]
-    print(f"\n{'method':<34} {'recall':>7} {'false/1000h':>12} {'point FPR':>10} "
-          f"{'delay s':>8} {'upd/s':>9}")
-    for name, r in rows:
-        delay = r["median_delay_s"]
-        print(f"{name:<34} {r['recall']:>7.3f} {r['false_incidents_per_1000_gpu_hours']:>12.2f} "
-              f"{r['point_fpr']:>10.2e} {delay if delay is not None else '-':>8} "
-              f"{r.get('updates_per_s', '-'):>9}")
+        if args.peer_engine != "krcf" or import_peer("krcf") is not None:
+            peer = peer_speed(fleet, config, args.peer_engine)
+            peer["detector_speedup"] = round(det["updates_per_s"] / peer["updates_per_s"], 2)
+
+    print_table([(METHOD_NAMES[k] + (f" ({shard.engine_name})" if k == "detector" else ""), r)
+                 for k, r in res.items() if k in METHOD_NAMES])
     print("\nrecall per kind:")
     kinds = sorted(det["recall_per_kind"])
     print("  " + "  ".join(f"{k}={det['recall_per_kind'][k]:.2f}" for k in kinds))
     print(f"detector alerts by source: {det['by_source']}")
+    print(f"detector false episodes by source: {det['false_episodes_by_source']}")
     for part in ("forest_only", "rules_only"):
         r = det[part]
         print(f"{part.replace('_', ' ')}: recall {r['recall']:.3f}, {r['false_incidents']} false "
               f"incidents, median delay {r['median_delay_s']} s; "
               + "  ".join(f"{k}={v:.2f}" for k, v in r["recall_per_kind"].items()))
-    print(f"bytes per GPU model ({shard.engine_name}): {per_model}")
+    print(f"detector: {det['updates_per_s']:,.0f} GPU-updates per CPU-second; "
+          f"bytes per GPU model ({shard.engine_name}): {det['bytes_per_model']}")
     if peer is not None:
         print(f"same detector path with {peer['engine']} on {peer['gpus']} GPUs x "
               f"{peer['steps']} steps: {peer['updates_per_s']:,.0f} updates/s, "
@@ -468,39 +464,51 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict[str, Any] = {
         "recall": det["recall"],
-        "false_incidents_per_1000_gpu_hours": det["false_incidents_per_1000_gpu_hours"],
+        "false_incidents_per_1000_gpu_days": det["false_incidents_per_1000_gpu_days"],
         "point_fpr": det["point_fpr"],
         "median_delay_s": det["median_delay_s"],
         "updates_per_s": det["updates_per_s"],
-        "bytes_per_model": per_model,
+        "bytes_per_model": det["bytes_per_model"],
         "engine": shard.engine_name,
         "data": fleet.source,
         "gpus": fleet.gpus,
         "steps": fleet.steps,
         "hz": fleet.hz,
-        "cold_start_s": round(cold_start_s, 1),
+        "cold_start_s": res["cold_start_s"],
         "detector": det,
-        "static_thresholds": static,
-        "halfspacetrees": hst,
+        "static_thresholds": res.get("static"),
+        "mad_outliers": res.get("mad"),
+        "random": res.get("random"),
+        "halfspacetrees": res.get("hst"),
+        "detector_on_hst_subset": res.get("detector_on_hst_subset"),
         "peer_engine": peer,
-        "detector_on_hst_subset": det_subset,
-        "targets": {"recall": 0.95, "false_incidents_per_1000_gpu_hours": 1.0,
-                    "point_fpr": 1e-4, "median_delay_s": 30.0},
+        "targets": TARGETS,
         "wall_s": round(time.perf_counter() - wall0, 1),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    summary = {k: result[k] for k in ("recall", "false_incidents_per_1000_gpu_hours",
+    out = args.out or RESULTS
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    summary = {k: result[k] for k in ("recall", "false_incidents_per_1000_gpu_days",
                                       "point_fpr", "median_delay_s", "updates_per_s",
                                       "bytes_per_model", "engine")}
-    summary["static_recall"] = static["recall"]
-    summary["hst_recall"] = hst["recall"] if hst else None
+    for key in ("static", "mad", "random", "hst"):
+        summary[f"{key}_recall"] = res[key]["recall"] if key in res else None
     summary["peer_updates_per_s"] = peer["updates_per_s"] if peer else None
     print(json.dumps(summary))
     return 0
 
 
+TARGETS: dict[str, float] = {"recall": 0.95, "false_incidents_per_1000_gpu_days": 1.0,
+                             "point_fpr": 1e-4, "median_delay_s": 30.0}
+
+
+def resolve_engine(name: str | None, config: DetectorConfig) -> str:
+    if name:
+        return name
+    from detector.engines import DEFAULT_ENGINE, ENGINE_NAMES
+
+    return config.model.engine or ("numba" if "numba" in ENGINE_NAMES else DEFAULT_ENGINE)
+
+
 if __name__ == "__main__":
     sys.exit(main())
-
-

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.detection import Episode, Fleet, evaluate
+from benchmarks.detection import Episode, Fleet, evaluate, poisson_upper
 
 
 def _fleet() -> Fleet:
@@ -40,9 +40,31 @@ def test_scoring_counts_what_it_should() -> None:
     assert r["recall"] == round(2 / 3, 4)
     assert r["median_delay_s"] == 20.0  # delays 10 and 30
     # The cold-start episode is false too, but outside the counted hours it adds no points:
-    # the GPU-hours start after the cold start, the incident count does not look at time.
+    # the GPU-days start after the cold start, the incident count does not look at time.
     assert r["false_incidents"] == 2
-    assert r["gpu_hours"] == round(8 * 900 / 3600, 2)
+    assert r["gpu_days"] == round(8 * 900 / 86_400, 3)
+    assert r["false_incidents_per_1000_gpu_days"] == round(2000 / (8 * 900 / 86_400), 2)
     # Each fault +-60 s excuses its rack: rack 0 for 220 s, rack 1 for 440..860 (two faults).
     normal = 8 * 900 - 4 * 220 - 4 * 420
     assert r["point_fpr"] == float(f"{10 / normal:.3g}")
+
+
+def test_overlapping_false_episodes_on_one_rack_are_one_incident() -> None:
+    fleet = _fleet()
+    episodes = [
+        Episode(np.array([2]), 150.0, 200.0, "rule:thermal_slowdown"),
+        Episode(np.array([0, 1, 2, 3]), 160.0, 230.0, "model:numba:rack"),  # the same cause
+        Episode(np.array([3]), 120.0, 170.0, "model:numba"),  # overlaps too
+        Episode(np.array([7]), 150.0, 200.0, "rule:thermal_slowdown"),  # the other rack
+    ]
+    r = evaluate(fleet, episodes, cold_start_s=100.0)
+    assert r["false_incidents"] == 2
+    assert r["false_episodes_by_source"] == {"model:numba": 1, "model:numba:rack": 1,
+                                             "rule:thermal_slowdown": 2}
+
+
+def test_poisson_upper_bound() -> None:
+    # Zero events in an exposure bound the rate by about 3 / exposure (the rule of three).
+    assert abs(poisson_upper(0) - 2.996) < 1e-3
+    assert abs(poisson_upper(1) - 4.744) < 1e-3
+    assert abs(poisson_upper(10) - 17.0) < 0.1
