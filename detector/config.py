@@ -30,6 +30,12 @@ class ModelConfig:
 
     engine: str = ""
     """Forest engine name (``detector.engines.ENGINE_NAMES``); empty means the default."""
+    step_s: float = 1.0
+    """Seconds per model step. Each GPU's ticks within a step are folded into one point
+    (``detector.step_fold``: means of levels, last counters, OR of throttle bits), so a
+    forest costs one update per GPU and step whatever the sampling rate, and every count
+    in steps (``shingle``, ``warmup``, ``horizon``, the hysteresis) means the same time at
+    1 Hz and at 5 Hz. The health rules see every tick regardless."""
     trees: int = 30
     """Trees per forest."""
     sample_size: int = 256
@@ -56,6 +62,8 @@ class ModelConfig:
                                warmup=self.warmup, std_floor=self.std_floor)
 
     def validate(self) -> None:
+        if not 0.05 <= self.step_s <= 3600.0:
+            raise ConfigError(f"model.step_s must be in [0.05, 3600], got {self.step_s}")
         if self.trees < 1 or self.sample_size < 8 or self.shingle < 1:
             raise ConfigError("model: trees >= 1, sample_size >= 8 and shingle >= 1 required")
         if not 0.0 <= self.time_decay < 1.0:
@@ -211,6 +219,19 @@ class DetectorConfig:
     """Address the /metrics endpoint binds to."""
     max_batch: int = 500
     """Messages fetched per poll."""
+    batch_frames: int = 256
+    """Frames of a partition processed together at most: one vector pass over many nodes'
+    frames costs little more than one frame alone. Also the most work the consumer does
+    before it yields to its event loop (heartbeats, rebalances, /metrics)."""
+    batch_wait_s: float = 0.5
+    """A partition's frames wait at most this long for others to be processed with (the
+    latency this adds to every alert)."""
+    shed_after_s: float = 30.0
+    """Load shedding: model steps of data older than this (this machine's clock minus the
+    samples' time) are skipped, so a detector that fell behind catches up instead of
+    falling further behind; the rules still see every tick, offsets are committed as
+    usual, skipped steps are counted, and a ``detector:lag`` alert is open while it lasts
+    (resolved once every partition is back within half this). 0 never sheds."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The per-GPU forests."""
     rack: RackModelConfig = field(default_factory=RackModelConfig)
@@ -225,7 +246,9 @@ class DetectorConfig:
     def validate(self) -> None:
         if self.checkpoint_interval_s <= 0:
             raise ConfigError("checkpoint_interval_s must be > 0")
-        if self.partitions < 1 or self.max_batch < 1:
-            raise ConfigError("partitions and max_batch must be >= 1")
+        if self.partitions < 1 or self.max_batch < 1 or self.batch_frames < 1:
+            raise ConfigError("partitions, max_batch and batch_frames must be >= 1")
+        if self.batch_wait_s < 0 or self.shed_after_s < 0:
+            raise ConfigError("batch_wait_s and shed_after_s must be >= 0")
         if not -1 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be -1..65535, got {self.metrics_port}")

@@ -39,5 +39,9 @@ def test_environment_overrides_and_validation() -> None:
         load_config(DetectorConfig, overrides={"alerts": {"node_veto": 0.0}})
     with pytest.raises(ConfigError, match=r"webhook\.url"):
         load_config(DetectorConfig, overrides={"webhook": {"url": "ftp://x"}})
+    with pytest.raises(ConfigError, match=r"model\.step_s"):
+        load_config(DetectorConfig, overrides={"model": {"step_s": 0.0}})
+    with pytest.raises(ConfigError, match="shed_after_s"):
+        load_config(DetectorConfig, overrides={"shed_after_s": -1.0})
     with pytest.raises(ConfigError, match="unknown keys"):
         load_config(DetectorConfig, overrides={"model": {"treez": 3}})
