@@ -37,14 +37,16 @@ def to_alertmanager(rec: AlertRecord, generator_url: str = "") -> dict[str, Any]
     name = rec.source.split(":", 1)[1].split(":")[0] if ":" in rec.source else rec.source
     labels = {
         "alertname": f"fleetpulse_{name}" if rec.source.startswith("rule:")
+        else "fleetpulse_" + rec.source.replace(":", "_") if rec.level == "service"
         else f"fleetpulse_anomaly_{rec.level}",
         "entity": rec.entity,
         "level": rec.level,
         "source": rec.source,
         "severity": rec.severity.value,
     }
-    for part, value in zip(_PARTS, rec.entity.split("/"), strict=False):
-        labels[part] = value
+    if rec.level != "service":  # a service's entity is not a fleet path
+        for part, value in zip(_PARTS, rec.entity.split("/"), strict=False):
+            labels[part] = value
     annotations = {
         "summary": rec.summary,
         "score": f"{rec.score:.3f}",

@@ -27,7 +27,8 @@ __all__ = [
 ]
 
 
-ALERT_LEVELS: Final = ("gpu", "node", "rack", "row", "cluster")
+ALERT_LEVELS: Final = ("gpu", "node", "rack", "row", "cluster", "service")
+"""Fleet levels, and ``service``: the monitoring pipeline itself (``detector:lag``)."""
 
 
 class EventKind(StrEnum):
