@@ -112,7 +112,7 @@ STAGES: dict[str, Stage] = {
                      "--bootstrap", ctx.bootstrap, "--prefix", ctx.prefix,
                      "--group", f"{ctx.prefix}.detector",
                      "--state-dir", str(ctx.workdir / "detector" / f"state-{ctx.instance}"),
-                     "--metrics-port", "-1", "--quiet"],
+                     "--metrics-port", "0", "--quiet"],
         group_hint="detector",
     ),
 }
@@ -121,6 +121,9 @@ STAGES: dict[str, Stage] = {
 
 _API_LINE = re.compile(r"query API on (http://[0-9.]+:\d+)")
 _RATE = re.compile(r"([\d,]+(?:\.\d+)?) metrics/s")
+_LEFT_GROUP = re.compile(r"session expired|coordinator dead|refused \(group rebalanced|"
+                         r"CommitFailedError|UnknownMemberId|IllegalGeneration", re.IGNORECASE)
+"""A consumer's stderr saying it was expelled from, or fell out of, its group."""
 
 
 def _api_url(stderr: list[str]) -> str | None:
@@ -180,17 +183,37 @@ class RollupProbe:
                     self.newest = newest
 
 
+@dataclass(frozen=True)
+class OwnCounters:
+    """Where a stage announces its ``/metrics`` and which of its series the report reads."""
+
+    url: re.Pattern[str]
+    metrics: str
+    """Counter of the sample values it consumed."""
+    lag: str
+    """Gauge of the samples messages it has not read yet."""
+    extra: dict[str, str] = field(default_factory=dict)
+    """Report key -> series, kept as they are (skipped steps, behind seconds)."""
+
+
+OWN_COUNTERS: dict[str, OwnCounters] = {
+    "aggregator": OwnCounters(_API_LINE, "fleetpulse_aggregator_metrics_total",
+                              'fleetpulse_aggregator_consumer_lag_messages{stage="rack"}'),
+    "detector": OwnCounters(
+        re.compile(r"/metrics on (http://[0-9.]+:\d+)/metrics"),
+        "fleetpulse_detector_metrics_total", "fleetpulse_detector_consumer_lag_messages",
+        {"model_steps": "fleetpulse_detector_model_steps_total",
+         "skipped_steps": "fleetpulse_detector_model_steps_skipped_total",
+         "behind_s": "fleetpulse_detector_behind_seconds"}),
+}
+"""Stages whose committed offsets do not say how far they got: the aggregator commits an
+offset once every window it feeds is closed, the detector once a checkpoint covers it
+(``checkpoint_interval_s``, 60 s). Both are measured by their own counters instead."""
+
+
 class CounterScraper:
-    """The aggregator members' own counters over time, scraped from their ``/metrics``.
-
-    Why: an event-time stage commits an offset only once every window it feeds is closed,
-    so its committed offsets trail the data by window + lateness and move in steps. What it
-    consumed and rolled up is its counter ``fleetpulse_aggregator_metrics_total``; how far
-    behind it reads is its gauge ``fleetpulse_aggregator_consumer_lag_messages``.
-    """
-
-    METRICS = "fleetpulse_aggregator_metrics_total"
-    LAG = 'fleetpulse_aggregator_consumer_lag_messages{stage="rack"}'
+    """The own counters of the members of :data:`OWN_COUNTERS` stages, over time, scraped
+    from their ``/metrics``: what they consumed and how many messages they are behind."""
 
     def __init__(self, errs: dict[str, list[str]], members: list[str], t0: float,
                  interval: float = 2.0) -> None:
@@ -200,6 +223,17 @@ class CounterScraper:
         self.interval = interval
         self.metrics: dict[str, Series] = {m: Series() for m in members}
         self.lag_msgs: dict[str, Series] = {m: Series() for m in members}
+        self.extra: dict[str, dict[str, Series]] = {m: {} for m in members}
+
+    @staticmethod
+    def spec(member: str) -> OwnCounters:
+        return OWN_COUNTERS[member.split("#")[0]]
+
+    def base_url(self, member: str) -> str | None:
+        for line in self.errs.get(member, []):
+            if m := self.spec(member).url.search(line):
+                return m.group(1)
+        return None
 
     async def run(self, stop: asyncio.Event) -> None:
         import aiohttp
@@ -209,7 +243,7 @@ class CounterScraper:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.interval)
                 for m in self.members:
-                    base = _api_url(self.errs.get(m, []))
+                    base = self.base_url(m)
                     if base is None:
                         continue
                     try:
@@ -219,12 +253,17 @@ class CounterScraper:
                     except (aiohttp.ClientError, TimeoutError):
                         continue  # a busy member answers late: a gap in the series
                     now = time.monotonic() - self.t0
+                    spec = self.spec(m)
+                    names = {v: k for k, v in spec.extra.items()}
                     for line in text.splitlines():
                         name, _, value = line.rpartition(" ")
-                        if name == self.METRICS:
+                        if name == spec.metrics:
                             self.metrics[m].add(now, float(value))
-                        elif name == self.LAG:
+                        elif name == spec.lag:
                             self.lag_msgs[m].add(now, float(value))
+                        elif name in names:
+                            self.extra[m].setdefault(names[name], Series()).add(
+                                now, float(value))
 
 
 # ------------------------------------------------------------------ decode-only consumer
@@ -582,7 +621,8 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
                   "--ticks-per-frame", str(args.ticks_per_frame), "--progress", "0",
                   "--seed", str(args.seed), "--compression", args.compression]
     t_start = time.monotonic()
-    scraper = CounterScraper(errs, _members("aggregator", procs), t_start)
+    scraper = CounterScraper(errs, [n for st in OWN_COUNTERS for n in _members(st, procs)],
+                             t_start)
     scraper_task = asyncio.create_task(scraper.run(probe_stop))
     await spawn("fleet", fleet_argv, {})
     fleet = procs["fleet"]
@@ -688,12 +728,12 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
 def _drained(monitor: Monitor, scraper: CounterScraper, ends: float, t_end: float,
              n_stages: int) -> bool:
     """Whether every stage has read everything produced: its group's commits reached the
-    end, or for the aggregator (it holds commits back for open windows) its own lag gauge,
-    reported after the load ended, is zero (refreshed each commit interval: an upper
-    bound on the drain time)."""
-    own = bool(scraper.members)
-    groups = {g: s for g, s in monitor.committed.items() if not (own and "aggregator" in g)}
-    if len(groups) < n_stages - own:
+    end, or for a stage with own counters (it holds its commits back) its own lag gauge,
+    reported after the load ended, is zero (refreshed every few seconds: an upper bound on
+    the drain time)."""
+    own = {m.split("#")[0] for m in scraper.members}
+    groups = {g: s for g, s in monitor.committed.items() if not any(o in g for o in own)}
+    if len(groups) < n_stages - len(own):
         return False
     if not all(s.v and s.v[-1] >= ends for s in groups.values()):
         return False
@@ -718,6 +758,16 @@ def _own_counters(row: dict[str, Any], scraper: CounterScraper, members: list[st
         row["position_lag_final_s"] = round(float(total[-1]), 2)
         row["position_lag_growth_s"] = round(float(np.interp(window, grid, total)
                                                    - np.interp(steady, grid, total)), 2)
+    extra = [scraper.extra[m] for m in members]
+    if any("model_steps" in e for e in extra):
+        row["model_steps_per_s"] = round(sum(e["model_steps"].slope(steady, window)
+                                             for e in extra if "model_steps" in e), 1)
+    if any("skipped_steps" in e for e in extra):
+        row["skipped_steps"] = int(sum(e["skipped_steps"].v[-1] for e in extra
+                                       if "skipped_steps" in e))
+    if any("behind_s" in e for e in extra):
+        row["behind_s_max"] = round(max(max(e["behind_s"].v) for e in extra
+                                        if "behind_s" in e), 2)
 
 
 def _member(stage: str, i: int) -> str:
@@ -797,13 +847,17 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
                 "caught_up_after_load": bool(caught_up),
                 "cpu_s_per_million": cost(st.name, rate),
             })
-        if scraper is not None and st.name == "aggregator":
+        if scraper is not None and st.name in OWN_COUNTERS:
             _own_counters(row, scraper, members, steady, window, produced_rate,
                           metrics_per_frame)
             if "consumed_metrics_per_s" in row:
                 row["committed_metrics_per_s"] = row.get("metrics_per_s")
                 row["metrics_per_s"] = row["consumed_metrics_per_s"]
                 row["cpu_s_per_million"] = cost(st.name, row["metrics_per_s"])
+        left = [line for n in members for line in errs[n] if _LEFT_GROUP.search(line)]
+        row["left_group"] = bool(left)
+        if left:
+            row["left_group_lines"] = left[:5]
         said = [float(m.group(1).replace(",", "")) for n in members for line in errs[n]
                 if (m := _RATE.search(line))]
         if said:  # per member line; the stage's rate is the members' sum
@@ -816,7 +870,8 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
             row["latency_ms_p50"] = max((f.get("latency_ms_p50") or 0) for f in finals)
             row["latency_ms_p99"] = max((f.get("latency_ms_p99") or 0) for f in finals)
         codes = {n: procs[n].returncode for n in members}
-        if group is None or any(c not in (0, -signal.SIGTERM, None) for c in codes.values()):
+        measured = group is not None or "consumed_metrics_per_s" in row
+        if not measured or any(c not in (0, -signal.SIGTERM, None) for c in codes.values()):
             row["exit_codes"] = codes
             row["stderr_tail"] = [line for n in members for line in errs[n][-6:]]
         per_stage[st.name] = row
