@@ -154,6 +154,12 @@ class RulesConfig:
     """Degrees above the GPU's thermal prediction and its node peers' ..."""
     excess_after_s: float = 60.0
     """... held this long: the GPU's heat path degraded."""
+    stuck_history_s: float = 21_600.0
+    """Seconds of readings before a sensor's own longest runs of one value are trusted."""
+    deficit_ratio: float = 0.08
+    """A busy GPU this far below its peers' (or its own best) SM clock with no reason bit ..."""
+    deficit_after_s: float = 60.0
+    """... this long is a straggler."""
     burst_count: float = 20.0
     """ECC / link errors within about ``burst_window_s`` that make a burst ..."""
     burst_window_s: float = 60.0
@@ -168,6 +174,8 @@ class RulesConfig:
             stale_after_s=self.stale_after_s, slowdown_open_after=self.slowdown_open_after,
             stuck_after_s=self.stuck_after_s, stuck_predicted_c=self.stuck_predicted_c,
             excess_c=self.excess_c, excess_after_s=self.excess_after_s,
+            stuck_history_s=self.stuck_history_s, deficit_ratio=self.deficit_ratio,
+            deficit_after_s=self.deficit_after_s,
             burst_count=self.burst_count, burst_window_s=self.burst_window_s,
             lost_open_after=self.lost_open_after, event_hold_s=self.event_hold_s,
             state_hold_s=self.state_hold_s)
@@ -176,9 +184,12 @@ class RulesConfig:
         if self.stale_after_s <= 0 or self.lost_open_after < 1 or self.slowdown_open_after < 1:
             raise ConfigError("rules: stale_after_s > 0 and open counts >= 1 required")
         if min(self.stuck_after_s, self.stuck_predicted_c, self.excess_c, self.burst_count,
-               self.burst_window_s) <= 0 or self.excess_after_s < 0:
+               self.burst_window_s) <= 0 or min(self.excess_after_s, self.stuck_history_s,
+                                                self.deficit_after_s) < 0 \
+                or not 0.0 < self.deficit_ratio < 1.0:
             raise ConfigError("rules: stuck_*, excess_c, burst_count and burst_window_s must "
-                              "be > 0, excess_after_s >= 0")
+                              "be > 0, the *_after_s and stuck_history_s >= 0, deficit_ratio "
+                              "in (0, 1)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from detector.thermal_model import ThermalModels, ThermalView
+from detector.thermal_model import ThermalModels
 from schemas.catalog import BY_NAME
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "THROTTLE_HW_BITS",
     "THROTTLE_SW_THERMAL",
     "FeatureState",
+    "RuleContext",
     "gather",
     "group_median",
 ]
@@ -90,6 +91,21 @@ FEATURES: Final[tuple[Feature, ...]] = (
     Feature("ecc_sbe_increase", _m("ecc_sbe_volatile_total")),
     Feature("link_error_increase", _m("nvlink_crc_errors_total") + "+replays"),
 )
+
+@dataclass(frozen=True, slots=True)
+class RuleContext:
+    """What the feature state knows of one step's GPUs that the health rules judge by."""
+
+    predicted_c: npt.NDArray[np.float64]
+    """The die temperature each GPU's thermal model predicts (NaN: none yet)."""
+    error_c: npt.NDArray[np.float64]
+    """That model's recent prediction error (RMS, degC)."""
+    excess_c: npt.NDArray[np.float64]
+    """Reading minus prediction, less the node peers' median of the same (NaN: none yet)."""
+    clock_ref_hz: npt.NDArray[np.float64]
+    """The SM clock the GPU should run at: the median of its node's busy peers, or (with
+    fewer than two of them) the highest clock the GPU itself has shown."""
+
 
 # The catalog metrics the detector reads, in the column order of ``gather``'s output.
 GATHERED: Final[tuple[str, ...]] = tuple(
@@ -186,7 +202,7 @@ class FeatureState:
         self.last_pred = np.zeros(0)
         """The thermal model's prediction for each GPU's latest reading (degC, NaN: none)."""
         self.last_resid = np.zeros(0)
-        """Latest reading minus that prediction (degC, NaN: none or still warming up)."""
+        """Latest reading minus that prediction, where the rules may judge it (degC, NaN)."""
 
     def ensure(self, n: int) -> None:
         if n <= self.n:
@@ -213,20 +229,25 @@ class FeatureState:
             getattr(self, name)[:] = arrays[f"features.{name}"]
         self.thermal.load_arrays(arrays, "features.thermal")
 
-    def thermal_view(self, ids: npt.NDArray[np.int64], node_groups: npt.NDArray[np.int64]
-                     ) -> ThermalView:
-        """The thermal models' view of the step just taken, for the health rules.
+    def rule_context(self, ids: npt.NDArray[np.int64], row: npt.NDArray[np.float64],
+                     node_groups: npt.NDArray[np.int64]) -> RuleContext:
+        """What the rules need of the step just taken (``step`` must have run on it).
 
         The excess over the node's median residual takes out what a node's GPUs share (the
         inlet air, a fan curve); a node with one reporting GPU keeps its own residual.
         """
         resid = self.last_resid[ids]
+        _, inv = np.unique(node_groups, return_inverse=True)
         peers = group_median(resid, node_groups)
-        _, inv, counts = np.unique(node_groups, return_inverse=True, return_counts=True)
         finite = np.bincount(inv, weights=np.isfinite(resid).astype(np.float64))
-        alone = (finite[inv] < 2) | (counts[inv] < 2)
-        excess = np.where(alone, resid, resid - peers)
-        return ThermalView(self.last_pred[ids], self.thermal.error_c(ids), excess)
+        excess = np.where(finite[inv] < 2, resid, resid - peers)
+        util = row[:, COL["utilization_ratio"]]
+        clock = row[:, COL["sm_clock_hertz"]]
+        busy_clock = np.where(np.isfinite(util) & (util >= 0.5), clock, np.nan)
+        busy = np.bincount(inv, weights=np.isfinite(busy_clock).astype(np.float64))
+        ref = np.where(busy[inv] >= 3, group_median(busy_clock, node_groups),
+                       np.where(self.max_clock[ids] > 0, self.max_clock[ids], np.nan))
+        return RuleContext(self.last_pred[ids], self.thermal.error_c(ids), excess, ref)
 
     def step(
         self,
@@ -279,8 +300,9 @@ class FeatureState:
         feats[:, 9] = np.log1p(inc[:, 0] / 4.0) * 2.0
         feats[:, 10] = np.log1p(inc[:, 2:6].sum(axis=1) / 4.0) * 2.0
 
-        resid, self.last_pred[ids] = self.thermal.step(ids, temp, power, ts_ms)
-        self.last_resid[ids] = resid
+        resid, pred = self.thermal.step(ids, temp, power, ts_ms)
+        self.last_pred[ids] = pred
+        self.last_resid[ids] = np.where(np.isfinite(pred), resid, np.nan)
         feats[:, 2] = resid / 2.0
         np.nan_to_num(feats, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
         return feats.astype(np.float32), inc

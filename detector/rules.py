@@ -20,18 +20,30 @@ thermal_slowdown   warning   a thermal slowdown clock-event bit (SW 0x20 or HW 0
 hw_slowdown        warning   HW slowdown (0x08) or HW power brake (0x80) is set: asserted by the
                              board or the system, never by ordinary load.
 temperature_stuck  warning   the die temperature reading has stayed identical for
-                             ``stuck_after_s`` while the GPU's own thermal model
+                             ``stuck_after_s`` while either the GPU's own thermal model
                              (``detector.thermal_model``: its learned lag and degC per watt)
-                             predicts a change of ``stuck_predicted_c`` or more, and at least 4
-                             times its recent prediction error. Judged by the GPU's own response,
-                             not by a watt swing: a liquid-cooled die that holds one integer
-                             through an all-reduce rhythm is predicted to hold it too.
-thermal_excess     warning   the die reads ``excess_c`` or more above what its own thermal model
-                             predicts for its power, and that much above its node peers' median
-                             excess (an inlet change or a fan curve moves the whole node), for
-                             ``excess_after_s``: the heat path (paste, fan, pump, airflow) of
-                             this GPU degraded, whatever its load. A node of one GPU has no
-                             peers, so its own excess counts.
+                             predicts a change of ``stuck_predicted_c`` or more (and 4 times its
+                             error before the freeze), or the reading has held 10 times longer
+                             than any run of identical readings this sensor showed in the last
+                             day, once it has been read for ``stuck_history_s`` (a tenth-degree
+                             sensor with noise never holds a minute).
+                             Judged by the GPU's own response and its own sensor, not by a watt
+                             swing: a liquid-cooled die that holds one integer through an
+                             all-reduce rhythm is predicted to hold it, and has held it before.
+thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's usual error)
+                             or more above what its own thermal model predicts for its power,
+                             beyond its node peers' median excess (an inlet change or a fan
+                             curve moves the whole node), for ``excess_after_s``: the heat path
+                             (paste, fan, pump, airflow) of this GPU degraded, whatever its load.
+                             A node with one reporting GPU has no peers: its own excess counts.
+clock_deficit      warning   a busy GPU (``utilization >= 80 %``) runs its SM clock
+                             ``deficit_ratio`` or more below the clock it should (its busy node
+                             peers' median, or its own highest) with no clock-event reason bit
+                             set, for ``deficit_after_s`` (a power-cap bit counts only when the
+                             power is within 10 % of the limit, or the limit is unknown). The
+                             driver reports every reason it lowers clocks for (power cap,
+                             thermal, brake, sync); a clock held low with none is a GPU that
+                             cannot run at speed: a straggler its peers wait for.
 ecc_sbe_burst      warning   corrected ECC errors, counted with an exponential memory of
                              ``burst_window_s``, reach ``burst_count``: healthy HBM corrects a
                              few errors a day; a sustained rate of one every few seconds is a
@@ -55,12 +67,10 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from detector.features import COL, THROTTLE_SW_THERMAL
-from detector.thermal_model import ThermalView
+from detector.features import COL, THROTTLE_SW_THERMAL, RuleContext
 from schemas.records import Severity
 
-__all__ = ["CRITICAL_XIDS", "HARDWARE_XIDS", "RULES", "Rule", "RuleBook", "RuleParams",
-           "ThermalView"]
+__all__ = ["CRITICAL_XIDS", "HARDWARE_XIDS", "RULES", "Rule", "RuleBook", "RuleParams"]
 
 HARDWARE_XIDS: Final = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140})
 """XIDs that mean hardware (not application) trouble, from NVIDIA's XID catalogue:
@@ -98,6 +108,13 @@ class RuleParams:
     """Degrees above the GPU's own thermal prediction (and its node peers') ..."""
     excess_after_s: float = 60.0
     """... held this long before the heat path counts as degraded."""
+    deficit_ratio: float = 0.08
+    """Fraction below its reference clock a busy GPU must run, with no reason bit ..."""
+    deficit_after_s: float = 60.0
+    """... for this long, to count as a straggler."""
+    stuck_history_s: float = 21_600.0
+    """Seconds of readings before a sensor's own run lengths are trusted: long enough to have
+    seen it idle and busy (an idle die can hold a reading for many minutes)."""
     burst_count: float = 20.0
     """Errors (exponentially weighted over ``burst_window_s``) that make a burst ..."""
     burst_window_s: float = 60.0
@@ -130,6 +147,9 @@ def rules_for(p: RuleParams) -> tuple[Rule, ...]:
              "fleetpulse_gpu_temperature_celsius",
              "hotter than its own thermal model and its node peers at this power "
              "(heat path degraded?)"),
+        Rule("clock_deficit", Severity.WARNING, 1, p.state_hold_s,
+             "fleetpulse_gpu_sm_clock_hertz",
+             "SM clock held below its peers with no reason reported (straggler?)"),
         Rule("ecc_sbe_burst", Severity.WARNING, 1, p.event_hold_s,
              "fleetpulse_gpu_ecc_sbe_volatile_total", "corrected ECC errors in a burst"),
         Rule("link_errors", Severity.WARNING, 1, p.event_hold_s,
@@ -149,7 +169,7 @@ class RuleBook:
 
     ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
               "stuck_temp", "stuck_since_ms", "stuck_pmin", "stuck_pmax", "stuck_err",
-              "excess_since_ms",
+              "run_max_s", "first_ms", "excess_since_ms", "excess_err", "deficit_since_ms",
               "burst")
 
     def __init__(self, params: RuleParams) -> None:
@@ -171,8 +191,17 @@ class RuleBook:
         self.stuck_err = np.zeros(0)
         """The thermal model's error when the reading last changed: a frozen reading teaches
         the model to err, so the bar is the error it had before."""
+        self.run_max_s = np.zeros(0)
+        """Longest run of identical readings this sensor showed (decaying over hours)."""
+        self.first_ms = np.zeros(0, dtype=np.int64)
+        """When the GPU's temperature was first read."""
         self.excess_since_ms = np.zeros(0, dtype=np.int64)
         """Since when the GPU has run hotter than its thermal model (0: it does not)."""
+        self.excess_err = np.zeros(0)
+        """The thermal model's error while the GPU was not running hot: the bar's yardstick
+        (a fault teaches the model to err, so its error during one is no measure)."""
+        self.deficit_since_ms = np.zeros(0, dtype=np.int64)
+        """Since when the GPU has run below its reference clock with no reason (0: not)."""
         self.burst = np.zeros((0, 2))
         """Exponentially weighted corrected-ECC and link error counts."""
 
@@ -188,11 +217,11 @@ class RuleBook:
     def conditions(
         self, ids: npt.NDArray[np.int64], row: npt.NDArray[np.float64],
         inc: npt.NDArray[np.float64], valid: npt.NDArray[np.bool_], ts_ms: int,
-        thermal: ThermalView,
+        ctx: RuleContext,
     ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
         """(G, R) condition matrix and a value per condition (the XID code, the count...).
 
-        ``thermal`` is what the GPUs' thermal models said about this step's readings.
+        ``ctx`` is what the feature state knows of this step's GPUs (thermal models, peers).
         """
         g = row.shape[0]
         p = self.params
@@ -214,30 +243,65 @@ class RuleBook:
         cond[:, 3] = (ib & (THROTTLE_SW_THERMAL | 0x40)) != 0
         cond[:, 4] = (ib & (0x08 | 0x80)) != 0
         val[:, 3] = val[:, 4] = ib
-        # Frozen reading while the GPU's own thermal model says it must move.
+        # Frozen reading while the GPU's own thermal model says it must move, or far longer
+        # than this sensor ever holds a value.
         temp = row[:, COL["temperature_celsius"]]
-        pred = thermal.predicted_c
-        ok = np.isfinite(temp) & np.isfinite(pred)
-        same = ok & (temp == self.stuck_temp[ids]) & (self.stuck_since_ms[ids] > 0)
-        self.stuck_since_ms[ids] = np.where(same, self.stuck_since_ms[ids],
-                                            np.where(ok, ts_ms, 0))
-        self.stuck_temp[ids] = np.where(ok, temp, np.nan)
-        self.stuck_pmin[ids] = np.where(same, np.fmin(self.stuck_pmin[ids], pred), pred)
-        self.stuck_pmax[ids] = np.where(same, np.fmax(self.stuck_pmax[ids], pred), pred)
-        self.stuck_err[ids] = np.where(same, self.stuck_err[ids], thermal.error_c)
-        frozen_ms = np.where(same, ts_ms - self.stuck_since_ms[ids], 0)
+        pred = ctx.predicted_c
+        has_temp = np.isfinite(temp)
+        self.first_ms[ids] = np.where((self.first_ms[ids] == 0) & has_temp, ts_ms,
+                                      self.first_ms[ids])
+        ok = has_temp & np.isfinite(pred)
+        held = has_temp & (temp == self.stuck_temp[ids]) & (self.stuck_since_ms[ids] > 0)
+        run_s = (ts_ms - self.stuck_since_ms[ids]) / 1000.0
+        ended = has_temp & ~held & (self.stuck_since_ms[ids] > 0)
+        # The longest run of about the last day, not of all time: runs tile the timeline,
+        # so each one that ends ages the record by its own length.
+        decay = np.exp(-np.maximum(run_s, 0.0) / 86_400.0)
+        self.run_max_s[ids] = np.where(ended, np.maximum(self.run_max_s[ids] * decay, run_s),
+                                       self.run_max_s[ids])
+        self.stuck_since_ms[ids] = np.where(held, self.stuck_since_ms[ids],
+                                            np.where(has_temp, ts_ms, 0))
+        self.stuck_temp[ids] = np.where(has_temp, temp, np.nan)
+        self.stuck_pmin[ids] = np.where(held, np.fmin(self.stuck_pmin[ids], pred), pred)
+        self.stuck_pmax[ids] = np.where(held, np.fmax(self.stuck_pmax[ids], pred), pred)
+        self.stuck_err[ids] = np.where(held, self.stuck_err[ids], ctx.error_c)
+        frozen_s = np.where(held, run_s, 0.0)
         swing = self.stuck_pmax[ids] - self.stuck_pmin[ids]
-        cond[:, 5] = (same & (frozen_ms >= p.stuck_after_s * 1000)
-                      & (swing >= np.maximum(p.stuck_predicted_c, 4.0 * self.stuck_err[ids])))
+        predicted = ok & (swing >= np.maximum(p.stuck_predicted_c, 4.0 * self.stuck_err[ids]))
+        known = (ts_ms - self.first_ms[ids]) / 1000.0 >= p.stuck_history_s
+        unlike_itself = known & (frozen_s >= 10.0 * self.run_max_s[ids])
+        cond[:, 5] = held & (frozen_s >= p.stuck_after_s) & (predicted | unlike_itself)
         val[:, 5] = temp
         # Hotter than its own thermal model, and than its node peers.
-        excess = thermal.excess_c
-        hot = np.isfinite(excess) & (excess >= p.excess_c)
+        excess = ctx.excess_c
+        finite = np.isfinite(excess)
+        bar = np.maximum(p.excess_c, 4.0 * self.excess_err[ids])
+        hot = finite & (excess >= bar)
+        cool = finite & (np.abs(excess) < 0.5 * p.excess_c)
+        self.excess_err[ids] = np.where(cool, ctx.error_c, self.excess_err[ids])
         since = self.excess_since_ms[ids]
         since = np.where(hot, np.where(since > 0, since, ts_ms), 0)
         self.excess_since_ms[ids] = since
         cond[:, 6] = hot & (ts_ms - since >= p.excess_after_s * 1000)
-        val[:, 6] = np.where(np.isfinite(excess), excess, 0.0)
+        val[:, 6] = np.where(finite, excess, 0.0)
+        # A busy GPU clocked below where it should run, with no reason reported.
+        util = row[:, COL["utilization_ratio"]]
+        clock = row[:, COL["sm_clock_hertz"]]
+        ref = ctx.clock_ref_hz
+        # A power-cap bit explains a low clock only at the power limit (or where the limit
+        # is not known); below it, the bit is the governor's habit, not the reason.
+        power = row[:, COL["power_usage_watts"]]
+        limit = row[:, COL["power_limit_watts"]]
+        capped = ~(np.isfinite(limit) & np.isfinite(power) & (power < 0.9 * limit))
+        reasons = ib & ~0x1 & ~np.where(capped, 0, 0x4)
+        low = (np.isfinite(util) & (util >= 0.8) & np.isfinite(clock) & np.isfinite(ref)
+               & (ref > 0) & (clock <= (1.0 - p.deficit_ratio) * ref)
+               & np.isfinite(bits) & (reasons == 0))
+        since = self.deficit_since_ms[ids]
+        since = np.where(low, np.where(since > 0, since, ts_ms), 0)
+        self.deficit_since_ms[ids] = since
+        cond[:, 7] = low & (ts_ms - since >= p.deficit_after_s * 1000)
+        val[:, 7] = np.where(low, 1.0 - clock / np.where(ref > 0, ref, 1.0), 0.0)
         # Error bursts: exponentially weighted counts over seconds of event time.
         keep = np.exp(-dt_s / p.burst_window_s)
         counts = np.stack([inc[:, 0], inc[:, 2:6].sum(axis=1)], axis=1)
@@ -245,10 +309,10 @@ class RuleBook:
         self.burst[ids] = burst
         # True on the steps that add errors to a burst, so the alert resolves
         # ``event_hold_s`` after the errors stop rather than when the count has decayed.
-        cond[:, 7] = (burst[:, 0] >= p.burst_count) & (counts[:, 0] > 0)
-        cond[:, 8] = (burst[:, 1] >= p.burst_count) & (counts[:, 1] > 0)
-        val[:, 7] = burst[:, 0]
-        val[:, 8] = burst[:, 1]
+        cond[:, 8] = (burst[:, 0] >= p.burst_count) & (counts[:, 0] > 0)
+        cond[:, 9] = (burst[:, 1] >= p.burst_count) & (counts[:, 1] > 0)
+        val[:, 8] = burst[:, 0]
+        val[:, 9] = burst[:, 1]
         cond[:, LOST] = ~valid
         return cond, val
 

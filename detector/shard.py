@@ -175,9 +175,9 @@ class DetectorShard:
         vi = np.flatnonzero(valid)
         vids = ids[vi]
         res = self.gpu_bank.step(vids, feats[vi], ts,
-                                 lambda a, b, th: self._node_veto(vids, nodes[vi], feats[vi], a,
-                                                                  b.scores >= _ELEVATED * th,
-                                                                  ts))
+                                 lambda a, b, th: self._node_veto(
+                                     vids, nodes[vi], feats[vi], _health_led(a, b),
+                                     b.scores >= _ELEVATED * th, ts))
         batch, thr = res.batch, res.thresholds
         for r in res.opened:
             out.append(self._open_model_alert(int(vids[r]), ts, batch, int(r), thr[r], row[vi[r]]))
@@ -195,7 +195,7 @@ class DetectorShard:
 
         # Health rules.
         cond, val = self.rules.conditions(ids, row, inc, valid, ts,
-                                          self.features.thermal_view(ids, nodes))
+                                          self.features.rule_context(ids, row, nodes))
         r_open, r_res = self.rules.step(ids, cond, val, valid, ts)
         for r, k in r_open:
             out.append(self._open_rule_alert(int(ids[r]), k, ts, row[r]))
@@ -348,6 +348,27 @@ class DetectorShard:
             score=round(float(score), 4), threshold=opened.threshold,
             started_ms=opened.started_ms, updated_ms=int(ts), attribution=opened.attribution, context=opened.context,
         )
+
+
+_HEALTH = np.array([i for i, f in enumerate(FEATURES) if f.name in (
+    "temp_residual", "util_vs_node", "power_vs_node", "throttle", "ecc_sbe_increase",
+    "link_error_increase")])
+"""GPU features that a healthy GPU keeps near 0 whatever it runs; the others (temperature,
+power, utilisation, clock) move with every job."""
+
+
+def _health_led(anomalous: npt.NDArray[np.bool_], batch: ScoreBatch) -> npt.NDArray[np.bool_]:
+    """A GPU anomaly counts only when health features explain at least half of it.
+
+    A job that starts, ends or changes phase moves temperature, power, utilisation and clock
+    together: the forest rightly finds such a point unusual, but it is the workload, and on
+    the zoo's tuning fleets it was most of the forest's false alerts. A failing GPU shows in
+    what its workload does not explain: hotter than its thermal model, apart from its node
+    peers, throttled, erring.
+    """
+    w = batch.attribution
+    total = w.sum(axis=1)
+    return anomalous & (w[:, _HEALTH].sum(axis=1) >= 0.5 * np.where(total > 0, total, np.inf))
 
 
 _RACK_THERMAL = np.array([RACK_FEATURES.index(n) for n in (

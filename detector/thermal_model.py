@@ -9,59 +9,64 @@ all-reduce rhythm looks frozen.
 
 So every GPU keeps a small bank of candidate lags (``TAUS_S``). For each, power is smoothed
 with that time constant and the temperature is regressed on the smoothed power
-(exponentially weighted least squares with an hour's memory, in seconds, so the sampling
-rate does not change it). The candidate whose prediction has had the smallest residual
+(exponentially weighted least squares with four hours' memory, in seconds, so the
+sampling rate does not change it). The candidate whose prediction has had the smallest residual
 variance over the last ten minutes is the GPU's thermal model. Its outputs:
 
 - the *residual*: reading minus prediction (none until ``WARMUP_STEPS`` readings were
-  learned). Heat-path trouble (a failing fan or pump, dried paste, a blocked inlet) makes
-  a GPU hotter than its own history at the same power; the hour-long regression is the
+  learned); Heat-path trouble (a failing fan or pump, dried paste, a blocked inlet) makes
+  a GPU hotter than its own history at the same power; the four-hour regression is the
   slow baseline that a 25 degC ramp over minutes cannot drag along with it;
-- the *prediction* itself, which the frozen-sensor rule compares a reading against.
+- the *prediction* itself, which the frozen-sensor and excess rules judge by: only at a
+  power the model has learned from for five minutes (a GPU that has only idled has no
+  slope yet, and its first minutes of a job are new territory, not a fault).
 
-The prediction is made before the step is learned, so a sudden jump shows in full. All of
-it runs in one compiled loop over the GPUs of a call.
+The prediction is made before the step is learned, so a sudden jump shows in full, and a
+reading far outside the model's usual error is learned at a fiftieth of the weight: the
+model keeps the GPU's healthy response through a fault instead of absorbing it. All of it runs in one
+compiled loop over the GPUs of a call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
 import numba
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["TAUS_S", "WARMUP_STEPS", "ThermalModels", "ThermalView"]
+__all__ = ["TAUS_S", "WARMUP_STEPS", "ThermalModels"]
 
 TAUS_S: Final = np.array([4.0, 15.0, 45.0, 120.0])
 """Candidate thermal time constants (seconds): air-cooled SXM (a few s) to liquid-cooled
 boards and large cold plates (minutes)."""
 WARMUP_STEPS: Final = 120
 """Readings learned before the residual is reported."""
-_MEMORY_S: Final = 3600.0
-"""Memory of the temperature-on-power regression (the slow baseline)."""
+_MEMORY_S: Final = 4 * 3600.0
+"""Memory of the temperature-on-power regression: the slow baseline. Four hours, so a fault
+that ramps over half an hour is absorbed by less than a tenth of its height before it is
+seen; the daily inlet swing it lags behind is shared by a node's GPUs, so the rules
+compare against the node as well."""
 _SELECT_MEMORY_S: Final = 600.0
 """Memory of the residual variance that picks the candidate lag."""
+_BAND_SCALES: Final = 4.0
+_BAND_MIN_C: Final = 2.5
+"""A reading more than ``max(_BAND_MIN_C, _BAND_SCALES * mean absolute error)`` off the
+prediction is an outlier ..."""
+_OUTLIER_WEIGHT: Final = 0.02
+"""... learned at this fraction of the usual weight."""
+_DWELL_BIN_W: Final = 100.0
+_DWELL_BINS: Final = 16
+_DWELL_S: Final = 300.0
+"""A GPU's model judges a reading only once it has learned for ``_DWELL_S`` seconds at
+that smoothed power (bins of ``_DWELL_BIN_W``, the last one open-ended)."""
 _MAX_DT_S: Final = 60.0
 """A gap longer than this is learned as this long (a restarted agent, a missed frame)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ThermalView:
-    """What the thermal models say of one step's GPUs (the health rules read it)."""
-
-    predicted_c: npt.NDArray[np.float64]
-    """The die temperature each GPU's model predicts for its power history (NaN: none yet)."""
-    error_c: npt.NDArray[np.float64]
-    """The model's recent prediction error (RMS, degC)."""
-    excess_c: npt.NDArray[np.float64]
-    """Reading minus prediction, less the node peers' median of the same (NaN: none yet)."""
-
-
 @numba.njit(cache=True)
-def _thermal_step(ids, temp, power, ts_ms, taus, last_ms, n, ema, mx, my, vxx, vxy, rv,
-                  best, resid, pred):  # pragma: no cover - compiled
+def _thermal_step(ids, temp, power, ts_ms, taus, last_ms, n, ema, mx, my, vxx, vxy, rv, scale,
+                  dwell, best, resid, pred, preds):  # pragma: no cover - compiled
     k_taus = taus.shape[0]
     for i in range(ids.shape[0]):
         g = ids[i]
@@ -83,20 +88,40 @@ def _thermal_step(ids, temp, power, ts_ms, taus, last_ms, n, ema, mx, my, vxx, v
                 ema[g, k] = p
             else:
                 ema[g, k] += (1.0 - np.exp(-dt / taus[k])) * (p - ema[g, k])
-        # Predict with every candidate, report the best one's, then learn.
-        b = best[g]
-        a = max(1.0 / (n[g] + 1.0), dt / _MEMORY_S)
-        a_sel = max(1.0 / (n[g] + 1.0), dt / _SELECT_MEMORY_S)
-        top = 0
+        # Predict with every candidate (before learning the step).
         for k in range(k_taus):
             slope = 0.0
             if vxx[g, k] > 1e-6:
                 slope = min(max(vxy[g, k] / vxx[g, k], 0.0), 1.0)  # degC/W, never negative
-            pk = my[g, k] + slope * (ema[g, k] - mx[g, k])
-            r = t - pk
-            if k == b and n[g] >= _WARMUP:
-                pred[i] = pk
-                resid[i] = r
+            preds[k] = my[g, k] + slope * (ema[g, k] - mx[g, k])
+        b = best[g]
+        r_best = t - preds[b]
+        # Judge only at a power the model has learned from for a while: a GPU that has
+        # only idled has no slope yet, and its first minutes of a job are new territory.
+        pe = ema[g, b]
+        bin_ = min(max(int(pe / _DWELL_BIN_W), 0), dwell.shape[1] - 1)
+        warm = n[g] >= _WARMUP
+        if warm:
+            resid[i] = r_best
+            if dwell[g, bin_] >= _DWELL_S:
+                pred[i] = preds[b]
+        dwell[g, bin_] += dt
+        # A reading far outside the model's usual error is learned at a fiftieth of the
+        # weight: a fault (a die heating for twenty minutes at the same power) must not
+        # teach the model that this is normal, while a lasting change is still learned
+        # over hours.
+        a = max(1.0 / (n[g] + 1.0), dt / _MEMORY_S)
+        a_sel = max(1.0 / (n[g] + 1.0), dt / _SELECT_MEMORY_S)
+        band = max(_BAND_MIN_C, _BAND_SCALES * scale[g])
+        if warm and abs(r_best) > band:
+            a *= _OUTLIER_WEIGHT
+            a_sel *= _OUTLIER_WEIGHT
+        else:
+            scale[g] += max(1.0 / (n[g] + 1.0), dt / _SELECT_MEMORY_S) * (abs(r_best)
+                                                                          - scale[g])
+        top = 0
+        for k in range(k_taus):
+            r = t - preds[k]
             if n[g] >= 30:
                 rv[g, k] += a_sel * (r * r - rv[g, k])
             if rv[g, k] < rv[g, top]:
@@ -118,7 +143,8 @@ _WARMUP = WARMUP_STEPS
 class ThermalModels:
     """The candidate-lag regressions of GPUs ``0..n-1`` (arrays grow on demand)."""
 
-    ARRAYS: Final = ("last_ms", "n", "ema", "mx", "my", "vxx", "vxy", "rv", "best")
+    ARRAYS: Final = ("last_ms", "n", "ema", "mx", "my", "vxx", "vxy", "rv", "scale", "dwell",
+                     "best")
 
     def __init__(self) -> None:
         k = len(TAUS_S)
@@ -130,6 +156,10 @@ class ThermalModels:
         self.vxx = np.zeros((0, k))
         self.vxy = np.zeros((0, k))
         self.rv = np.zeros((0, k))
+        self.scale = np.zeros(0)
+        """Mean absolute error of the chosen candidate on readings inside its band."""
+        self.dwell = np.zeros((0, _DWELL_BINS))
+        """Seconds learned per band of smoothed power (it judges only where it has learned)."""
         self.best = np.zeros(0, dtype=np.int64)
 
     def __len__(self) -> int:
@@ -149,8 +179,12 @@ class ThermalModels:
     def step(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
              power: npt.NDArray[np.float64], ts_ms: int
              ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        """Learn one reading per GPU; returns (residual, prediction), degC, NaN where the
-        GPU has no reading or its model is still warming up."""
+        """Learn one reading per GPU; returns (residual, prediction), degC.
+
+        The residual is NaN where the GPU has no reading or its model is still warming up;
+        the prediction is NaN also where the model has not yet learned five minutes at this
+        power (the rules judge only where the model knows the GPU, the forest's feature
+        is the residual either way)."""
         g = len(ids)
         resid = np.full(g, np.nan)
         pred = np.full(g, np.nan)
@@ -158,12 +192,14 @@ class ThermalModels:
                       np.ascontiguousarray(temp, dtype=np.float64),
                       np.ascontiguousarray(power, dtype=np.float64), int(ts_ms), TAUS_S,
                       self.last_ms, self.n, self.ema, self.mx, self.my, self.vxx, self.vxy,
-                      self.rv, self.best, resid, pred)
+                      self.rv, self.scale, self.dwell, self.best, resid, pred,
+                      np.empty(len(TAUS_S)))
         return resid, pred
 
     def error_c(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-        """RMS prediction error of each GPU's chosen model over the last ten minutes."""
-        return np.asarray(np.sqrt(self.rv[ids, self.best[ids]]), dtype=np.float64)
+        """Each GPU's usual prediction error, degC: the mean absolute error on readings
+        inside its band (so a fault does not inflate it), as an RMS-like figure (x 1.25)."""
+        return np.asarray(1.25 * self.scale[ids], dtype=np.float64)
 
     def tau_s(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         """The time constant each GPU's thermal model chose."""

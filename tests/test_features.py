@@ -83,15 +83,15 @@ def test_group_median_handles_runs_and_nan() -> None:
 
 
 def test_temperature_residual_flags_a_stuck_sensor_but_not_normal_swings() -> None:
-    data = healthy(900, 2, seed=3)
+    data = healthy(1500, 2, seed=3)
     st = FeatureState()
     st.ensure(2)
-    stuck_from = 600
+    stuck_from = 1200
     data[stuck_from:, 1, COL["temperature_celsius"]] = data[stuck_from, 1,
                                                             COL["temperature_celsius"]]
     resid = np.array([st.step(np.arange(2), data[s], np.array([0, 0]), 1000 * s)[0][:, F["temp_residual"]]
-                      for s in range(900)])
-    normal = np.abs(resid[300:, 0]).max()
+                      for s in range(1500)])
+    normal = np.abs(resid[900:, 0]).max()
     stuck = np.abs(resid[stuck_from:, 1]).max()
     assert normal < 2.0, normal
     assert stuck > 2 * normal, (stuck, normal)

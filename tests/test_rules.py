@@ -82,25 +82,26 @@ def test_gpu_lost_when_all_nan_or_when_silent_while_its_rack_reports() -> None:
 
 def test_stuck_temperature_and_error_bursts() -> None:
     shard, ids, nodes = _shard()
-    data = healthy(500, 8, seed=2)
-    data[200:, 0, COL["temperature_celsius"]] = data[200, 0, COL["temperature_celsius"]]
+    data = healthy(2000, 8, seed=2)
+    # Frozen from 1700, once the thermal model has learned every power it passes through.
+    data[1700:, 0, COL["temperature_celsius"]] = data[1700, 0, COL["temperature_celsius"]]
     # Idle and steady: a constant reading with a flat power draw is not a stuck sensor.
     data[:, 1, COL["power_usage_watts"]] = 80.0
     data[:, 1, COL["temperature_celsius"]] = 34.0
-    sbe = np.zeros(500)
+    sbe = np.zeros(2000)
     sbe[100:110] = 25.0  # 25 corrected errors per second for 10 s
     sbe[300] = 1.0  # a lone corrected error, routine
     data[:, 2, COL["ecc_sbe_volatile_total"]] = np.cumsum(sbe)
-    crc = np.zeros(500)
+    crc = np.zeros(2000)
     crc[150:152] = 6.0  # a dozen retried flits: routine
     crc[400:420] = 120.0
     data[:, 3, COL["nvlink_crc_errors_total"]] = np.cumsum(crc)
-    slow = np.zeros(500)
+    slow = np.zeros(2000)
     slow[160:460] = np.random.default_rng(5).poisson(3.0, 300)  # a barely visible storm: 3/s
     data[:, 4, COL["ecc_sbe_volatile_total"]] = np.cumsum(slow)
-    got = _rule_alerts(shard.process(ids, nodes, timestamps(500), data))
+    got = _rule_alerts(shard.process(ids, nodes, timestamps(2000), data))
     stuck = [g for g in got if g[1] == "rule:temperature_stuck"]
-    assert stuck and stuck[0][2] == "node-0/gpu-0" and 260 <= stuck[0][3] <= 300, stuck
+    assert stuck and stuck[0][2] == "node-0/gpu-0" and 1760 <= stuck[0][3] <= 1800, stuck
     assert all(g[2] == "node-0/gpu-0" for g in stuck)
     # 25 errors in a second is a burst at once; it resolves 45 s after the last error
     # (109), and the lone error at 300 raises nothing.
@@ -118,15 +119,68 @@ def test_stuck_temperature_and_error_bursts() -> None:
 
 def test_thermal_excess_fires_on_a_gpu_hotter_than_its_own_model_not_on_a_node_wide_rise() -> None:
     shard, ids, nodes = _shard()
-    data = healthy(700, 8, seed=4)
+    # This data alternates idle and busy every 40 s, so the thermal models need about half
+    # an hour before they have learned long enough at every power they pass through.
+    data = healthy(2000, 8, seed=4)
     temp = COL["temperature_celsius"]
-    # GPU 2 (node 0): its heat path degrades from step 400: +14 degC over 100 s, load as before.
-    data[400:, 2, temp] += np.round(np.minimum(np.arange(300) / 100.0, 1.0) * 14.0)
+    # GPU 2 (node 0): its heat path degrades from step 1700: +14 degC over 100 s, same load.
+    data[1700:, 2, temp] += np.round(np.minimum(np.arange(300) / 100.0, 1.0) * 14.0)
     # Node 1's inlet warms by 12 degC: all four of its GPUs together, which is not one GPU's
     # heat path (the rack model and the peers see that, not this rule).
-    data[400:, 4:8, temp] += np.round(np.minimum(np.arange(300) / 100.0, 1.0) * 12.0)[:, None]
-    got = _rule_alerts(shard.process(ids, nodes, timestamps(700), data))
+    data[1700:, 4:8, temp] += np.round(np.minimum(np.arange(300) / 100.0, 1.0) * 12.0)[:, None]
+    got = _rule_alerts(shard.process(ids, nodes, timestamps(2000), data))
     excess = [g for g in got if g[1] == "rule:thermal_excess"]
     assert excess and {g[2] for g in excess} == {"node-0/gpu-2"}, excess
     # 8 degC above the model is reached about 57 s in, then held for 60 s.
-    assert 450 <= excess[0][3] <= 540, excess
+    assert 1750 <= excess[0][3] <= 1840, excess
+
+
+def test_clock_deficit_finds_a_busy_gpu_slow_for_no_reason_but_not_a_capped_or_idle_one() -> None:
+    shard, ids, nodes = _shard()
+    data = healthy(600, 8, seed=6)
+    clock, bits = COL["sm_clock_hertz"], COL["clock_event_reasons"]
+    # From step 240 the node trains without pause: every GPU busy at full clock.
+    data[240:, :, COL["utilization_ratio"]] = 0.95
+    data[240:, :, clock] = 1.98e9
+    data[240:, :, bits] = 0.0
+    # GPU 1: from step 300 its clock is 15 % below its peers', no reason bit.
+    data[300:, 1, clock] = 1.98e9 * 0.85
+    # GPU 2: the same clock, but the driver says why (software power cap, at its 700 W
+    # limit): not a straggler.
+    data[300:, 2, clock] = 1.98e9 * 0.85
+    data[300:, 2, bits] = 0x04
+    data[300:, 2, COL["power_usage_watts"]] = 695.0
+    # GPU 4 (node 1): the power-cap bit without the power (well below the limit) explains
+    # nothing.
+    data[300:, 4, clock] = 1.98e9 * 0.85
+    data[300:, 4, bits] = 0x04
+    # GPU 5 idles at its idle clock: not busy, not judged.
+    data[300:, 5, COL["utilization_ratio"]] = 0.0
+    data[300:, 5, clock] = 0.345e9
+    data[300:, 5, bits] = 0x01
+    got = _rule_alerts(shard.process(ids, nodes, timestamps(600), data))
+    deficit = [g for g in got if g[1] == "rule:clock_deficit"]
+    assert deficit == [("firing", "rule:clock_deficit", "node-0/gpu-1", 360),
+                       ("firing", "rule:clock_deficit", "node-1/gpu-0", 360)], deficit
+
+
+def test_a_sensor_that_always_flickers_is_stuck_when_it_holds_a_minute_at_steady_power() -> None:
+    from detector.config import RulesConfig
+
+    # Its own run lengths are trusted after half an hour here (six hours by default).
+    shard = DetectorShard(small_config(rules=RulesConfig(stuck_history_s=1800.0)))
+    paths = [f"{RACK}/node-{g // 4}/gpu-{g % 4}" for g in range(8)]
+    ids, nodes = shard.register(paths, [RACK] * 8, [p.rsplit("/", 1)[0] for p in paths])
+    steps = 2400
+    data = healthy(steps, 8, seed=7)
+    temp = COL["temperature_celsius"]
+    rng = np.random.default_rng(8)
+    # Tenth-degree sensors with noise, steady idle power: a healthy reading never holds.
+    data[:, :, COL["power_usage_watts"]] = 80.0 + rng.normal(0, 1.0, (steps, 8))
+    data[:, :, COL["utilization_ratio"]] = 0.0
+    data[:, :, temp] = np.round(35.0 + rng.normal(0, 0.2, (steps, 8)), 1)
+    data[2000:, 3, temp] = data[2000, 3, temp]
+    got = _rule_alerts(shard.process(ids, nodes, timestamps(steps), data))
+    stuck = [g for g in got if g[1] == "rule:temperature_stuck"]
+    assert stuck and {g[2] for g in stuck} == {"node-0/gpu-3"}, stuck
+    assert 2059 <= stuck[0][3] <= 2065, stuck
