@@ -10,7 +10,9 @@ Format: an ``.npz`` (``allow_pickle=False``) holding
 
 - ``meta``: UTF-8 JSON (format version, offset, engine name and config, registry, open
   alert records, counters);
-- the state arrays of every component under their dotted names;
+- the state arrays of every component under their dotted names (``fold.*``: each GPU's
+  open step, ``tick_counters``: the rules' previous counters; both absent from checkpoints
+  written before steps were folded, which then restart those clocks);
 - ``gpu_blobs`` / ``gpu_blob_ends`` and ``rack_blobs`` / ``rack_blob_ends``: the engine's
   per-model checkpoint bytes, concatenated, with end offsets.
 """
@@ -73,6 +75,8 @@ def shard_bytes(shard: DetectorShard, offsets: dict[str, int]) -> bytes:
     """Serialise ``shard`` with the offsets (topic -> next offset) its state covers."""
     arrays: dict[str, Any] = {}
     arrays.update(shard.features.state_arrays())
+    arrays.update(shard.fold.state_arrays())
+    arrays["tick_counters"] = shard.tick_counters
     arrays.update(shard.gpu_bank.state_arrays("gpu"))
     arrays.update(shard.rules.state_arrays())
     arrays.update(shard.rack_windows.state_arrays())
@@ -97,6 +101,7 @@ def shard_bytes(shard: DetectorShard, offsets: dict[str, int]) -> bytes:
         "open_alerts": [rec.to_bytes().decode() for rec in shard.open_alerts.values()],
         "last_ts_ms": shard.last_ts_ms,
         "steps": shard.steps,
+        "skipped_steps": shard.skipped_steps,
         "late": shard.rack_windows.late,
     }
     arrays["meta"] = np.frombuffer(orjson.dumps(meta), dtype=np.uint8)
@@ -157,6 +162,12 @@ def restore_shard(shard: DetectorShard, data: bytes) -> dict[str, int]:
     shard.steps = int(meta["steps"])
     n, r = len(shard.gpu_paths), len(shard.rack_paths)
     shard.features.load_arrays(arrays, n)
+    shard.fold.load_arrays(arrays, n)
+    shard.tick_counters = (np.array(arrays["tick_counters"], dtype=np.float64)
+                           if "tick_counters" in arrays
+                           else np.full((n, shard.tick_counters.shape[1]), np.nan))
+    shard.node_of = np.zeros(n, dtype=np.int64)
+    shard.skipped_steps = int(meta.get("skipped_steps", 0))
     shard.gpu_bank.load_arrays(arrays, "gpu", n)
     shard.rules.load_arrays(arrays)
     shard.rack_windows.load_arrays(arrays)

@@ -21,6 +21,7 @@ Undecodable messages go to the dead-letter topic with the reason and are counted
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -31,11 +32,17 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from detector.checkpoint import CheckpointError, atomic_write, load_shard, save_shard
+from detector.checkpoint import (
+    CheckpointError,
+    atomic_write,
+    checkpoint_path,
+    load_shard,
+    shard_bytes,
+)
 from detector.config import DetectorConfig
 from detector.event_rules import EventShard
-from detector.features import gather, group_median
-from detector.shard import DetectorShard
+from detector.features import GATHERED, gather, group_median
+from detector.shard import DetectorShard, TickBlock, alert_id
 from detector.webhook import AlertmanagerWebhook
 from fleetpulse.transport import (
     Consumer,
@@ -46,17 +53,20 @@ from fleetpulse.transport import (
 )
 from schemas.errors import DecodeError
 from schemas.frame import SampleFrame, decode_frame
-from schemas.records import AlertRecord, EventRecord
+from schemas.records import AlertRecord, AlertState, Attribution, EventRecord, Severity
 from schemas.topics import Topics
 
-__all__ = ["DetectorService", "process_frame"]
+__all__ = ["LAG_SOURCE", "DetectorService", "frame_block", "process_frame"]
+
+LAG_SOURCE = "detector:lag"
+"""Source of the alert that says the detector is behind (model steps being shed)."""
 
 log = logging.getLogger(__name__)
 
 
-def process_frame(shard: DetectorShard, frame: SampleFrame) -> list[AlertRecord]:
-    """Run one decoded frame through ``shard`` (ticks already seen for the node are skipped,
-    so a frame replayed from an agent's spool is not learned twice)."""
+def frame_block(shard: DetectorShard, frame: SampleFrame) -> TickBlock | None:
+    """A decoded frame as a block of ticks for ``shard``; None when the node's ticks were all
+    seen already (a frame replayed from an agent's spool is not learned twice)."""
     ident = frame.identity
     node = ident.path
     rack = node.rsplit("/", 1)[0]
@@ -66,10 +76,16 @@ def process_frame(shard: DetectorShard, frame: SampleFrame) -> list[AlertRecord]
     last = shard.node_last_ts.get(node, -1)
     keep = np.flatnonzero(frame.ts > last)
     if keep.size == 0:
-        return []
+        return None
     shard.node_last_ts[node] = int(frame.ts[-1])
     gathered = gather(frame.values[keep], frame.metric_ids)
-    return shard.process(ids, nodes, np.asarray(frame.ts[keep]), gathered)
+    return TickBlock(ids, nodes, np.asarray(frame.ts[keep], dtype=np.int64), gathered)
+
+
+def process_frame(shard: DetectorShard, frame: SampleFrame) -> list[AlertRecord]:
+    """Run one decoded frame through ``shard`` on its own (tests, tools)."""
+    block = frame_block(shard, frame)
+    return shard.process_blocks([block]) if block is not None else []
 
 
 class Stats:
@@ -79,6 +95,13 @@ class Stats:
     def __init__(self) -> None:
         self.frames = 0
         self.updates = 0
+        """GPU ticks processed (every one reaches the rules)."""
+        self.metrics = 0
+        """Sample values consumed (frames' GPUs x metrics x ticks)."""
+        self.model_steps = 0
+        self.skipped_steps = 0
+        self.behind_s = 0.0
+        self.lag_messages = 0
         self.events = 0
         self.suppressed = 0
         self.checkpoints = 0
@@ -99,7 +122,12 @@ class _StatsCollector:
         p = "fleetpulse_detector_"
         for name, value, help_ in (
             ("frames", s.frames, "Sample frames processed."),
-            ("gpu_updates", s.updates, "GPU steps scored and learned."),
+            ("gpu_updates", s.updates, "GPU ticks processed (each one reaches the rules)."),
+            ("metrics", s.metrics, "Sample values consumed."),
+            ("model_steps", s.model_steps,
+             "GPU model steps (forest score + learn) run, one per GPU and model.step_s."),
+            ("model_steps_skipped", s.skipped_steps,
+             "GPU model steps shed because the detector was behind (shed_after_s)."),
             ("events", s.events, "Event records processed."),
             ("alerts_suppressed", s.suppressed,
              "Replayed transitions already published before a restart."),
@@ -117,11 +145,24 @@ class _StatsCollector:
             dead.add_metric([topic], n)
         yield dead
         yield GaugeMetricFamily(p + "models", "GPU models held.", value=s.models)
+        yield GaugeMetricFamily(p + "behind_seconds",
+                                "Age of the newest sample processed, worst partition.",
+                                value=s.behind_s)
+        yield GaugeMetricFamily(p + "consumer_lag_messages",
+                                "Samples messages behind the partitions' ends.",
+                                value=s.lag_messages)
         yield GaugeMetricFamily(p + "open_alerts", "Alerts open now.", value=s.open_alerts)
 
 
 class DetectorService:
-    """Consumes, scores, alerts, checkpoints. ``run(stop)`` until ``stop`` is set."""
+    """Consumes, scores, alerts, checkpoints. ``run(stop)`` until ``stop`` is set.
+
+    The event loop is never held for long: frames wait per partition (``batch_wait_s``,
+    ``batch_frames``) and are processed together, at most ``batch_frames`` at a time with
+    a yield to the loop after each, and a periodic checkpoint serialises each shard in a
+    thread while the other partitions go on (that partition's frames wait meanwhile), then
+    writes it in a thread. So heartbeats, rebalances and /metrics always get their turn.
+    """
 
     def __init__(self, config: DetectorConfig, transport: Transport,
                  engine: str | None = None) -> None:
@@ -133,6 +174,7 @@ class DetectorService:
         self.shards: dict[int, DetectorShard] = {}
         self.event_shards: dict[int, EventShard] = {}
         self.next_offset: dict[TopicPartition, int] = {}
+        """Per partition: the next offset whose message the state does not cover yet."""
         self.suppress: set[tuple[str, str]] = set()
         self.stats = Stats()
         self.consumer: Consumer | None = None
@@ -142,6 +184,22 @@ class DetectorService:
         self._pending: list[asyncio.Future[RecordMeta]] = []
         self._last_checkpoint = time.monotonic()
         self._alert_partitions = 0
+        self._batches: dict[int, list[tuple[int, SampleFrame | None]]] = {}
+        """Samples partition -> (offset, frame) read but not processed yet (None: nothing to
+        process, e.g. dead-lettered, but the offset moves past it)."""
+        self._batch_since: dict[int, float] = {}
+        self._read_offset: dict[TopicPartition, int] = {}
+        """Next offset to accept into a batch (messages below it were read already)."""
+        self._busy: set[int] = set()
+        """Partitions whose shard a background checkpoint is serialising."""
+        self._checkpointer: asyncio.Task[None] | None = None
+        self._behind_s: dict[int, float] = {}
+        self._lag_alert: AlertRecord | None = None
+        self._skipped_seen = 0
+        self._shed_age_s = 0.0
+        """Age of the oldest data whose steps were shed since the last lag check."""
+        self._shed_partitions: set[int] = set()
+        self._last_lag_poll = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -156,20 +214,25 @@ class DetectorService:
                                                 listener=self, from_beginning=True)
         try:
             while not stop.is_set():
-                msgs = await self.consumer.getmany(timeout_ms=200, max_records=cfg.max_batch)
+                wait_ms = 100 if self._batches else 200
+                msgs = await self.consumer.getmany(timeout_ms=wait_ms, max_records=cfg.max_batch)
                 out: list[AlertRecord] = []
                 for msg in msgs:
-                    out.extend(await self._handle(msg))
+                    out.extend(await self._accept(msg))
+                out.extend(await self._drain())
                 now = max((s.last_ts_ms for s in self.shards.values()), default=0)
                 for es in self.event_shards.values():
                     out.extend(es.tick(now))
+                await self._poll_lag()
+                out.extend(self._lag_transitions())
                 await self._publish(out)
-                if time.monotonic() - self._last_checkpoint >= cfg.checkpoint_interval_s:
-                    await self.checkpoint_all()
+                await self._checkpoint_when_due()
                 if self.webhook is not None:
                     await self.webhook.resend_due()
         finally:
             try:
+                await self._checkpoint_settled()
+                await self._publish(await self._drain(force=True))
                 await self.checkpoint_all()
             finally:
                 await self.consumer.stop()
@@ -185,7 +248,8 @@ class DetectorService:
             if topic == self.topics.samples and p not in self.shards:
                 shard = DetectorShard(self.config, self.engine)
                 try:
-                    offsets = load_shard(self.state_dir, p, shard)
+                    # In a thread: restoring many models takes seconds (heartbeats go on).
+                    offsets = await asyncio.to_thread(load_shard, self.state_dir, p, shard)
                 except CheckpointError as exc:
                     log.error("partition %d: %s; starting its models afresh", p, exc)
                     shard, offsets = DetectorShard(self.config, self.engine), None
@@ -219,11 +283,17 @@ class DetectorService:
             for tp in assigned:
                 if tp in self.next_offset:
                     await self.consumer.seek(tp, self.next_offset[tp])
+                    self._read_offset[tp] = self.next_offset[tp]
         self.stats.models = sum(len(s.gpu_paths) for s in self.shards.values())
 
     async def on_revoked(self, revoked: frozenset[TopicPartition]) -> None:
+        await self._checkpoint_settled()
+        await self._publish(await self._drain(force=True, only=revoked))
         await self.checkpoint_all(only=revoked)
         for topic, p in revoked:
+            self._read_offset.pop((topic, p), None)
+            if topic == self.topics.samples:
+                self._behind_s.pop(p, None)
             if topic == self.topics.samples:
                 self.shards.pop(p, None)
             elif topic == self.topics.events:
@@ -261,25 +331,23 @@ class DetectorService:
 
     # -- messages ----------------------------------------------------------------------
 
-    async def _handle(self, msg: Message) -> list[AlertRecord]:
+    async def _accept(self, msg: Message) -> list[AlertRecord]:
+        """Take one message: a sample frame joins its partition's batch, an event is
+        processed at once."""
         tp = msg.tp
-        if msg.offset < self.next_offset.get(tp, 0):
-            return []  # covered by the restored checkpoint
-        self.next_offset[tp] = msg.offset + 1
+        if msg.offset < max(self.next_offset.get(tp, 0), self._read_offset.get(tp, 0)):
+            return []  # covered by the restored checkpoint, or read already
+        self._read_offset[tp] = msg.offset + 1
         if msg.topic == self.topics.samples:
+            frame: SampleFrame | None = None
             try:
                 frame = decode_frame(msg.value)
             except DecodeError as exc:
                 await self._dead_letter(msg, str(exc))
-                return []
-            shard = self.shards.get(msg.partition)
-            if shard is None:  # assigned without a callback (should not happen): start fresh
-                shard = self.shards[msg.partition] = DetectorShard(self.config, self.engine)
-            out = process_frame(shard, frame)
-            self.stats.frames += 1
-            self.stats.updates += frame.values.shape[0] * frame.values.shape[1]
-            self.stats.models = sum(len(s.gpu_paths) for s in self.shards.values())
-            return out
+            self._batches.setdefault(msg.partition, []).append((msg.offset, frame))
+            self._batch_since.setdefault(msg.partition, time.monotonic())
+            return []
+        self.next_offset[tp] = msg.offset + 1
         if msg.topic == self.topics.events:
             try:
                 event = EventRecord.from_bytes(msg.value)
@@ -292,6 +360,119 @@ class DetectorService:
                     self.config.rules.event_hold_s)
             self.stats.events += 1
             return es.observe(event)
+        return []
+
+    async def _drain(self, force: bool = False,
+                     only: frozenset[TopicPartition] | None = None) -> list[AlertRecord]:
+        """Process the batches that are due (full, waited ``batch_wait_s``, or ``force``),
+        ``batch_frames`` frames at a time, yielding to the event loop after each."""
+        cfg = self.config
+        out: list[AlertRecord] = []
+        now = time.monotonic()
+        for p in list(self._batches):
+            if only is not None and (self.topics.samples, p) not in only:
+                continue
+            batch = self._batches[p]
+            if not (force or len(batch) >= cfg.batch_frames
+                    or now - self._batch_since[p] >= cfg.batch_wait_s):
+                continue
+            while batch and p not in self._busy:
+                chunk = batch[: cfg.batch_frames]
+                del batch[: cfg.batch_frames]
+                out.extend(self._process_chunk(p, chunk))
+                await asyncio.sleep(0)  # heartbeats, rebalances, a background checkpoint
+            if not batch:
+                self._batches.pop(p, None)
+                self._batch_since.pop(p, None)
+        return out
+
+    def _process_chunk(self, p: int, chunk: list[tuple[int, SampleFrame | None]]
+                       ) -> list[AlertRecord]:
+        cfg = self.config
+        shard = self.shards.get(p)
+        if shard is None:  # assigned without a callback (should not happen): start fresh
+            shard = self.shards[p] = DetectorShard(self.config, self.engine)
+        blocks: list[TickBlock] = []
+        for _, frame in chunk:
+            if frame is None:
+                continue
+            block = frame_block(shard, frame)
+            self.stats.frames += 1
+            self.stats.updates += frame.values.shape[0] * frame.values.shape[1]
+            self.stats.metrics += frame.n_values
+            if block is not None:
+                blocks.append(block)
+        now_ms = time.time() * 1000.0
+        shed_before = int(now_ms - cfg.shed_after_s * 1000.0) if cfg.shed_after_s > 0 else None
+        steps, skipped = shard.gpu_steps, shard.skipped_steps
+        out = shard.process_blocks(blocks, shed_before_ms=shed_before)
+        self.next_offset[(self.topics.samples, p)] = chunk[-1][0] + 1
+        self.stats.model_steps += shard.gpu_steps - steps
+        self.stats.skipped_steps += shard.skipped_steps - skipped
+        if blocks:
+            newest = max(int(b.ts_ms[-1]) for b in blocks)
+            self._behind_s[p] = max(0.0, (now_ms - newest) / 1000.0)
+            if shard.skipped_steps > skipped:
+                oldest = min(int(b.ts_ms[0]) for b in blocks)
+                self._shed_age_s = max(self._shed_age_s, (now_ms - oldest) / 1000.0)
+                self._shed_partitions.add(p)
+        self.stats.models = sum(len(s.gpu_paths) for s in self.shards.values())
+        return out
+
+    # -- lag ---------------------------------------------------------------------------
+
+    async def _poll_lag(self) -> None:
+        """Messages behind the partitions' ends, every 2 s (one request); a partition with
+        nothing left to read is not behind, however old its newest sample."""
+        if self.consumer is None or time.monotonic() - self._last_lag_poll < 2.0:
+            return
+        self._last_lag_poll = time.monotonic()
+        tps = [(self.topics.samples, p) for p in self.shards]
+        if not tps:
+            return
+        try:
+            ends = await self.consumer.end_offsets(tps)
+        except Exception as exc:  # best effort: a broker hiccup must not stop the detector
+            log.debug("end offsets for the lag gauge: %r", exc)
+            return
+        lag = {tp: max(0, ends.get(tp, 0) - self.next_offset.get(tp, 0)) for tp in tps}
+        self.stats.lag_messages = sum(lag.values())
+        for (_, p), n in lag.items():
+            if n == 0 and p not in self._batches:
+                self._behind_s[p] = 0.0
+
+    def _lag_transitions(self) -> list[AlertRecord]:
+        """Open ``detector:lag`` when model steps were shed; resolve it once no step was
+        shed since and every partition is back within half of ``shed_after_s``."""
+        cfg = self.config
+        worst = max(self._behind_s.values(), default=0.0)
+        self.stats.behind_s = round(worst, 3)
+        shedding = self.stats.skipped_steps > self._skipped_seen
+        self._skipped_seen = self.stats.skipped_steps
+        now_ms = int(time.time() * 1000)
+        entity = f"detector/{cfg.group_id}"
+        age, self._shed_age_s = self._shed_age_s, 0.0
+        parts, self._shed_partitions = sorted(self._shed_partitions), set()
+        if self._lag_alert is None and shedding:
+            self._lag_alert = AlertRecord(
+                id=alert_id(entity, LAG_SOURCE, now_ms), entity=entity, level="service",
+                state=AlertState.FIRING, severity=Severity.WARNING, source=LAG_SOURCE,
+                summary=(f"detector is {age:.0f} s behind its samples: model steps older "
+                         f"than {cfg.shed_after_s:g} s are skipped (rules still see every "
+                         "sample)"),
+                score=round(age, 3), threshold=cfg.shed_after_s, started_ms=now_ms,
+                updated_ms=now_ms, attribution=(Attribution("fleetpulse_detector_behind_seconds",
+                                                            "high", 1.0),),
+                context={"partitions": parts, "skipped_steps": self.stats.skipped_steps})
+            log.warning("%s", self._lag_alert.summary)
+            return [self._lag_alert]
+        if self._lag_alert is not None and not shedding and worst <= cfg.shed_after_s / 2:
+            opened, self._lag_alert = self._lag_alert, None
+            log.warning("detector caught up (%.1f s behind); %d model steps were skipped",
+                        worst, self.stats.skipped_steps)
+            return [dataclasses.replace(
+                opened, state=AlertState.RESOLVED, score=round(worst, 3), updated_ms=now_ms,
+                context={**opened.context, "skipped_steps": self.stats.skipped_steps})]
         return []
 
     async def _dead_letter(self, msg: Message, reason: str) -> None:
@@ -322,33 +503,94 @@ class DetectorService:
     # -- checkpoints -------------------------------------------------------------------
 
     async def checkpoint_all(self, only: frozenset[TopicPartition] | None = None) -> None:
-        """Wait for published alerts, save state + offsets, then commit the offsets."""
-        if self._pending:
-            pending, self._pending = self._pending, []
-            await asyncio.gather(*pending)
+        """Wait for published alerts, save state + offsets, then commit the offsets.
+
+        Each shard is serialised and written in a thread (the event loop keeps serving
+        heartbeats); the caller holds its own processing meanwhile."""
+        await self._flush_published()
         if self.consumer is None:
             return
-        alert_tps = [(self.topics.alerts, q) for q in range(self._alert_partitions)]
-        ends = await self.consumer.end_offsets(alert_tps) if alert_tps else {}
-        extra = {f"alerts:{q}": off for (_, q), off in ends.items()}
+        extra = await self._alert_ends()
         commit: dict[TopicPartition, int] = {}
-        for p, shard in self.shards.items():
+        for p, shard in list(self.shards.items()):
             tp = (self.topics.samples, p)
             if (only is not None and tp not in only) or tp not in self.next_offset:
                 continue
-            save_shard(self.state_dir, p, shard, {"samples": self.next_offset[tp], **extra})
+            await self._save(p, shard, {"samples": self.next_offset[tp], **extra})
             commit[tp] = self.next_offset[tp]
-        for p, es in self.event_shards.items():
-            tp = (self.topics.events, p)
-            if (only is not None and tp not in only) or tp not in self.next_offset:
-                continue
-            atomic_write(self.state_dir / f"events-{p}.ckpt", es.to_bytes(self.next_offset[tp]))
-            commit[tp] = self.next_offset[tp]
+        commit.update(await self._save_events(only))
         if commit:
             await self.consumer.commit_checkpointed(commit)
         self.stats.checkpoints += 1
         self._last_checkpoint = time.monotonic()
 
+    async def _checkpoint_when_due(self) -> None:
+        task = self._checkpointer
+        if task is not None and task.done():
+            self._checkpointer = None
+            task.result()  # a failed checkpoint fails the service, as it did inline
+        if (self._checkpointer is None
+                and time.monotonic() - self._last_checkpoint >= self.config.checkpoint_interval_s):
+            self._last_checkpoint = time.monotonic()
+            self._checkpointer = asyncio.create_task(self._checkpoint_in_background())
+
+    async def _checkpoint_settled(self) -> None:
+        """Let a running background checkpoint finish (revocation, shutdown)."""
+        if self._checkpointer is not None:
+            task, self._checkpointer = self._checkpointer, None
+            await task
+
+    async def _checkpoint_in_background(self) -> None:
+        """The periodic checkpoint, one partition at a time beside the consuming loop: a
+        partition's frames wait while its shard is serialised, the others go on."""
+        assert self.consumer is not None
+        await self._flush_published()
+        extra = await self._alert_ends()
+        for p in list(self.shards):
+            tp = (self.topics.samples, p)
+            shard = self.shards.get(p)
+            if shard is None or tp not in self.next_offset:
+                continue
+            self._busy.add(p)
+            try:
+                offset = self.next_offset[tp]
+                await self._save(p, shard, {"samples": offset, **extra})
+            finally:
+                self._busy.discard(p)
+            if self.shards.get(p) is shard:  # still ours
+                await self.consumer.commit_checkpointed({tp: offset})
+        events = await self._save_events(None)
+        if events:
+            await self.consumer.commit_checkpointed(events)
+        self.stats.checkpoints += 1
+        self._last_checkpoint = time.monotonic()
+
+    async def _flush_published(self) -> None:
+        if self._pending:
+            pending, self._pending = self._pending, []
+            await asyncio.gather(*pending)
+
+    async def _alert_ends(self) -> dict[str, int]:
+        assert self.consumer is not None
+        alert_tps = [(self.topics.alerts, q) for q in range(self._alert_partitions)]
+        ends = await self.consumer.end_offsets(alert_tps) if alert_tps else {}
+        return {f"alerts:{q}": off for (_, q), off in ends.items()}
+
+    async def _save(self, p: int, shard: DetectorShard, offsets: dict[str, int]) -> None:
+        data = await asyncio.to_thread(shard_bytes, shard, offsets)
+        await asyncio.to_thread(atomic_write, checkpoint_path(self.state_dir, p), data)
+
+    async def _save_events(self, only: frozenset[TopicPartition] | None
+                           ) -> dict[TopicPartition, int]:
+        commit: dict[TopicPartition, int] = {}
+        for p, es in list(self.event_shards.items()):
+            tp = (self.topics.events, p)
+            if (only is not None and tp not in only) or tp not in self.next_offset:
+                continue
+            data = es.to_bytes(self.next_offset[tp])
+            await asyncio.to_thread(atomic_write, self.state_dir / f"events-{p}.ckpt", data)
+            commit[tp] = self.next_offset[tp]
+        return commit
 
 
 def warm_up(config: DetectorConfig, engine: str | None = None) -> None:
@@ -370,3 +612,8 @@ def warm_up(config: DetectorConfig, engine: str | None = None) -> None:
                        attribute_above=np.zeros(1))
         eng.score(ids, rng.random((1, dims), dtype=np.float32))
     group_median(np.zeros(2), np.zeros(2, dtype=np.int64))
+    # The rest of the path once (step folding, features, rules: numba kernels too).
+    ids, nodes = shard.register(["warm/row/rack/node/gpu-0", "warm/row/rack/node/gpu-1"],
+                                ["warm/row/rack"] * 2, ["warm/row/rack/node"] * 2)
+    shard.process(ids, nodes, 1000 * np.arange(1, 5, dtype=np.int64),
+                  np.ones((4, 2, len(GATHERED))))

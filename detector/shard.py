@@ -4,10 +4,11 @@ Samples are keyed by rack, so a partition holds whole racks; a shard is the unit
 between detector instances on a rebalance and the unit of a checkpoint. Within a shard,
 GPUs and racks get dense model ids in the order they are first seen.
 
-``process`` takes a block of steps for many GPUs at once (one frame in the service, every
-GPU of the fleet in the benchmark and in ``backtest``) and runs, per step, as vector
-operations over the block's GPUs: features -> forest (score, then learn) -> adaptive
-threshold -> hysteresis, the health rules, and the rack windows -> rack forest.
+``process_blocks`` takes blocks of ticks for many GPUs at once (the frames of many nodes in
+the service, every GPU of the fleet in the benchmark) and runs, as vector operations over
+the GPUs: the health rules on every tick; then, once a GPU's ticks of a step of
+``model.step_s`` are in (``detector.step_fold``), features -> forest (score, then learn) ->
+adaptive threshold -> hysteresis and the rack windows -> rack forest, once per step.
 It returns alert transitions as :class:`schemas.records.AlertRecord`.
 """
 
@@ -23,19 +24,25 @@ import numpy.typing as npt
 from detector.config import DetectorConfig
 from detector.engines import EngineConfig, ScoreBatch, make_engine
 from detector.episodes import EpisodeParams
-from detector.features import COL, FEATURES, FeatureState
+from detector.features import COL, COUNTER_COLS, FEATURES, GATHERED, FeatureState
 from detector.model_bank import ModelBank
 from detector.rack_windows import RACK_FEATURES, RackWindows
 from detector.rules import RuleBook
+from detector.step_fold import GATHERED_FOLD, FoldedSteps, StepFold
 from detector.thresholds import ThresholdParams
 from schemas.records import AlertRecord, AlertState, Attribution, Severity
 
-__all__ = ["DetectorShard", "StepTrace", "alert_id"]
+__all__ = ["DetectorShard", "StepTrace", "TickBlock", "alert_id"]
 
 _UTIL_VS_NODE = next(i for i, f in enumerate(FEATURES) if f.name == "util_vs_node")
 _POWER_VS_NODE = next(i for i, f in enumerate(FEATURES) if f.name == "power_vs_node")
 _ELEVATED = 0.8
 """A score at this fraction of its threshold counts as a peer moving too (node veto)."""
+RULE_CLOCK_MS = 100
+"""The rules read time in steps of this: ticks of different nodes taken within the same
+100 ms (agents' clocks differ by milliseconds) are judged in one vector call instead of one
+call each. Every tick is still judged on its own; only its time is floored (rule holds and
+windows are tens of seconds; a rule alert's start is exact to 0.1 s)."""
 
 
 def alert_id(entity: str, source: str, started_ms: int) -> str:
@@ -51,6 +58,17 @@ class StepTrace:
     scores: list[npt.NDArray[np.float64]] = field(default_factory=list)
     thresholds: list[npt.NDArray[np.float64]] = field(default_factory=list)
     open: list[npt.NDArray[np.bool_]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class TickBlock:
+    """Ticks ``ts_ms`` (T,) of gathered metrics (T, G, K) for GPUs ``ids`` of nodes ``nodes``
+    (one frame in the service; every GPU of the fleet in the benchmark)."""
+
+    ids: npt.NDArray[np.int64]
+    nodes: npt.NDArray[np.int64]
+    ts_ms: npt.NDArray[np.int64]
+    gathered: npt.NDArray[np.float64]
 
 
 class DetectorShard:
@@ -69,6 +87,15 @@ class DetectorShard:
         self.gpu_bank = ModelBank(make_engine(self.engine_name, self.engine_config),
                                   mc.threshold_params(), config.alerts.episode_params())
         self.features = FeatureState()
+        self.fold = StepFold(mc.step_s, [GATHERED_FOLD[m] for m in GATHERED])
+        self.tick_counters = np.zeros((0, len(COUNTER_COLS)))
+        """Each GPU's counters at its previous tick (the rules' per-tick increases)."""
+        self.node_of = np.zeros(0, dtype=np.int64)
+        """Node group id of each GPU, as the latest block said."""
+        self.gpu_steps = 0
+        """GPU model steps run (forest score + learn)."""
+        self.skipped_steps = 0
+        """GPU model steps shed because the detector was behind."""
         self.rules = RuleBook(config.rules.params())
         rc = config.rack
         self.rack_engine_config = EngineConfig(
@@ -133,6 +160,12 @@ class DetectorShard:
         self.last_anomalous_ms = np.concatenate(
             [self.last_anomalous_ms, np.zeros(n - len(self.last_anomalous_ms), dtype=np.int64)])
         self.features.ensure(n)
+        self.fold.ensure(n)
+        self.tick_counters = np.concatenate(
+            [self.tick_counters, np.full((n - len(self.tick_counters), len(COUNTER_COLS)),
+                                         np.nan)])
+        self.node_of = np.concatenate([self.node_of,
+                                       np.zeros(n - len(self.node_of), dtype=np.int64)])
         self.rules.ensure(n)
         r = len(self.rack_paths)
         self.rack_bank.ensure(r)
@@ -147,61 +180,179 @@ class DetectorShard:
         ts_ms: npt.NDArray[np.int64],
         gathered: npt.NDArray[np.float64],
         trace: StepTrace | None = None,
+        shed_before_ms: int | None = None,
     ) -> list[AlertRecord]:
-        """Run steps ``ts_ms`` (T,) of gathered metrics (T, G, K) for GPUs ``ids``."""
+        """Run ticks ``ts_ms`` (T,) of gathered metrics (T, G, K) for GPUs ``ids``."""
+        return self.process_blocks([TickBlock(ids, nodes, np.asarray(ts_ms), gathered)],
+                                   trace, shed_before_ms)
+
+    def process_blocks(self, blocks: list[TickBlock], trace: StepTrace | None = None,
+                       shed_before_ms: int | None = None) -> list[AlertRecord]:
+        """Run several blocks of ticks (frames of many nodes) together.
+
+        The health rules see every tick, rows with the same timestamp in one call; the
+        ticks are folded into steps of ``model.step_s`` per GPU (:mod:`detector.step_fold`)
+        and the models then run once per step stamp over every GPU whose step completed.
+        So the cost of the models follows GPUs, not ticks, and a batch of many frames costs
+        a few vector calls, not a few per frame. Steps stamped before ``shed_before_ms``
+        are shed (the detector is behind, see ``DetectorConfig.shed_after_s``): their
+        features are still computed (the per-GPU state stays continuous) but the forests,
+        thresholds and hysteresis skip them; ``skipped_steps`` counts them.
+
+        ``trace`` gets one entry per step stamp over the GPUs of the first block.
+        Alerts come back in time order (their ``updated_ms``).
+        """
+        blocks = [b for b in blocks if len(b.ts_ms) and len(b.ids)]
+        if not blocks:
+            return []
+        ids = np.concatenate([np.repeat(b.ids[None, :], len(b.ts_ms), 0).reshape(-1)
+                              for b in blocks])
+        ts = np.concatenate([np.repeat(np.asarray(b.ts_ms, dtype=np.int64), len(b.ids))
+                             for b in blocks])
+        rows = np.concatenate([b.gathered.reshape(-1, b.gathered.shape[-1]) for b in blocks])
+        for b in blocks:
+            self.node_of[b.ids] = b.nodes
+        order = np.argsort(ts, kind="stable")  # a GPU's ticks keep their order
+        ids, ts, rows = ids[order], ts[order], rows[order]
+        self.last_ts_ms = max(self.last_ts_ms, int(ts[-1]))
+        steps = self.fold.add(ids, ts, rows)
+        # Step by step, in stamp order: the models on step S if it completed, then the rules
+        # on the ticks of step S, which read the thermal models' view of the step just taken
+        # (as without folding). A step's ticks all arrive in one call when frames hold whole
+        # steps (5 ticks at 5 Hz, any tick at 1 Hz); ticks of a step split across calls see,
+        # in the earlier call, the step before.
+        tick_round = steps.tick_stamps
+        round_of = np.argsort(tick_round, kind="stable")
+        step_order = np.argsort(steps.stamps_ms, kind="stable")
+        step_stamps = steps.stamps_ms[step_order]
+        stamps = np.union1d(tick_round, step_stamps)
+        tick_cut = np.searchsorted(tick_round[round_of], stamps, side="right")
+        step_cut = np.searchsorted(step_stamps, stamps, side="right")
         out: list[AlertRecord] = []
-        rack_rows = self.rack_of[ids]
-        # GPUs of the same racks missing from this block: candidates for "stopped reporting".
-        absent = np.setdiff1d(np.flatnonzero(np.isin(self.rack_of, rack_rows)), ids)
-        for t in range(len(ts_ms)):
-            ts = int(ts_ms[t])
-            out.extend(self._step(ids, nodes, ts, gathered[t], rack_rows, trace))
-            if absent.size:
-                out.extend(self._check_stale(absent, ts))
+        ta = sa = 0
+        for k, stamp in enumerate(stamps.tolist()):
+            tb, sb = int(tick_cut[k]), int(step_cut[k])
+            if sb > sa:
+                out.extend(self._model_step(steps, step_order[sa:sb], stamp, trace,
+                                            blocks[0].ids, shed_before_ms))
+            if tb > ta:
+                sel = np.sort(round_of[ta:tb])  # time order within the step
+                out.extend(self._rule_ticks(ids[sel], ts[sel], rows[sel]))
+            ta, sa = tb, sb
+        out.sort(key=lambda a: a.updated_ms)
         return out
+
+    def _rule_ticks(self, ids: npt.NDArray[np.int64], ts: npt.NDArray[np.int64],
+                    rows: npt.NDArray[np.float64]) -> list[AlertRecord]:
+        """The health rules on every tick (rows sorted by time): one call per
+        ``RULE_CLOCK_MS`` slot, and within a slot one per repeat of a GPU (sampling faster
+        than the slot), so a GPU's ticks are judged one by one and in order."""
+        out: list[AlertRecord] = []
+        slot = ts // RULE_CLOCK_MS
+        cuts = np.flatnonzero(np.diff(slot)) + 1
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(ts)], strict=True):
+            now = int(slot[a]) * RULE_CLOCK_MS
+            repeat = _repeat_index(ids[a:b])
+            if not repeat.any():
+                out.extend(self._rule_call(ids[a:b], rows[a:b], now))
+                continue
+            for r in range(int(repeat.max()) + 1):
+                sel = a + np.flatnonzero(repeat == r)
+                out.extend(self._rule_call(ids[sel], rows[sel], now))
+        return out
+
+    def _rule_call(self, gid: npt.NDArray[np.int64], row: npt.NDArray[np.float64], now: int
+                   ) -> list[AlertRecord]:
+        """One vector pass of the rules over distinct GPUs' ticks at rule time ``now``."""
+        out: list[AlertRecord] = []
+        valid: npt.NDArray[np.bool_] = np.asarray(np.isfinite(row).any(axis=1))
+        inc = self._tick_increases(gid, row)
+        cond, val = self.rules.conditions(gid, row, inc, valid, now,
+                                          self.features.rule_context(gid, row,
+                                                                     self.node_of[gid]))
+        r_open, r_res = self.rules.step(gid, cond, val, valid, now)
+        for r, k in r_open:
+            out.append(self._open_rule_alert(int(gid[r]), k, now, row[r]))
+        for r, k in r_res:
+            out.append(self._resolve(self.gpu_paths[int(gid[r])],
+                                     f"rule:{self.rules.rules[k].name}", now, 0.0))
+        # GPUs of the same racks without a tick now: candidates for "stopped reporting".
+        reporting = np.zeros(len(self.rack_paths), dtype=bool)
+        reporting[self.rack_of[gid]] = True
+        silent = reporting[self.rack_of]
+        silent[gid] = False
+        absent = np.flatnonzero(silent)
+        if absent.size:
+            out.extend(self._check_stale(absent, now))
+        return out
+
+    def _tick_increases(self, ids: npt.NDArray[np.int64], row: npt.NDArray[np.float64]
+                        ) -> npt.NDArray[np.float64]:
+        """Counter increases since each GPU's previous tick (reset or first sight: 0), for
+        the rules; the features difference the folded steps themselves."""
+        cur = row[:, list(COUNTER_COLS)]
+        prev = self.tick_counters[ids]
+        inc = cur - prev
+        self.tick_counters[ids] = np.where(np.isfinite(cur), cur, prev)
+        return np.where(np.isfinite(inc) & (inc > 0), inc, 0.0)
+
+    def _model_step(self, steps: FoldedSteps, sel: npt.NDArray[np.int64], stamp: int,
+                    trace: StepTrace | None, trace_ids: npt.NDArray[np.int64],
+                    shed_before_ms: int | None) -> list[AlertRecord]:
+        """The completed steps ``sel`` (all stamped ``stamp``) through the models at once."""
+        gid = steps.ids[sel]
+        nodes = self.node_of[gid]
+        by_node = np.argsort(nodes, kind="stable")  # node peers contiguous
+        gid, nodes, rows = gid[by_node], nodes[by_node], steps.rows[sel][by_node]
+        shed = shed_before_ms is not None and stamp < shed_before_ms
+        return self._step(gid, nodes, stamp, rows, trace, trace_ids, shed)
 
     def _step(
         self, ids: npt.NDArray[np.int64], nodes: npt.NDArray[np.int64], ts: int,
-        row: npt.NDArray[np.float64], rack_rows: npt.NDArray[np.int64],
-        trace: StepTrace | None,
+        row: npt.NDArray[np.float64], trace: StepTrace | None,
+        trace_ids: npt.NDArray[np.int64], shed: bool,
     ) -> list[AlertRecord]:
-        self.last_ts_ms = max(self.last_ts_ms, ts)
+        """One model step (stamp ``ts``) for GPUs ``ids`` from their folded rows."""
         self.steps += 1
         out: list[AlertRecord] = []
         valid: npt.NDArray[np.bool_] = np.asarray(np.isfinite(row).any(axis=1))
-        feats, inc = self.features.step(ids, row, nodes, ts)
+        feats, _ = self.features.step(ids, row, nodes, ts)
+        rack_rows = self.rack_of[ids]
 
         # Forest -> threshold -> hysteresis, for the GPUs that reported.
         vi = np.flatnonzero(valid)
         vids = ids[vi]
-        res = self.gpu_bank.step(vids, feats[vi], ts,
-                                 lambda a, b, th: self._node_veto(
-                                     vids, nodes[vi], feats[vi], _health_led(a, b),
-                                     b.scores >= _ELEVATED * th, ts))
-        batch, thr = res.batch, res.thresholds
-        for r in res.opened:
-            out.append(self._open_model_alert(int(vids[r]), ts, batch, int(r), thr[r], row[vi[r]]))
-        for r in res.resolved:
-            out.append(self._resolve(self.gpu_paths[int(vids[r])], self._model_source(), ts,
-                                     float(batch.scores[r])))
+        scores = np.zeros(len(vi))
+        thr = np.zeros(len(vi))
+        if shed:
+            self.skipped_steps += len(vi)
+        else:
+            self.gpu_steps += len(vi)
+            res = self.gpu_bank.step(
+                vids, feats[vi], ts,
+                lambda a, b, th: self._node_veto(
+                    vids, nodes[vi], feats[vi], _health_led(a, b),
+                    b.scores >= _ELEVATED * th, ts))
+            batch, thr = res.batch, res.thresholds
+            scores = batch.scores
+            for r in res.opened:
+                out.append(self._open_model_alert(int(vids[r]), ts, batch, int(r), thr[r],
+                                                  row[vi[r]]))
+            for r in res.resolved:
+                out.append(self._resolve(self.gpu_paths[int(vids[r])], self._model_source(),
+                                         ts, float(batch.scores[r])))
         if trace is not None:
-            s = np.zeros(len(ids))
-            th = np.zeros(len(ids))
-            s[vi] = batch.scores
-            th[vi] = thr
+            pos = np.full(len(self.gpu_paths), -1, dtype=np.int64)
+            pos[trace_ids] = np.arange(len(trace_ids))
+            mine = pos[vids] >= 0
+            s = np.zeros(len(trace_ids))
+            th = np.zeros(len(trace_ids))
+            s[pos[vids[mine]]] = scores[mine]
+            th[pos[vids[mine]]] = thr[mine]
             trace.scores.append(s)
             trace.thresholds.append(th)
-            trace.open.append(self.gpu_bank.episodes.open[ids] | self.rules.open[ids].any(axis=1))
-
-        # Health rules.
-        cond, val = self.rules.conditions(ids, row, inc, valid, ts,
-                                          self.features.rule_context(ids, row, nodes))
-        r_open, r_res = self.rules.step(ids, cond, val, valid, ts)
-        for r, k in r_open:
-            out.append(self._open_rule_alert(int(ids[r]), k, ts, row[r]))
-        for r, k in r_res:
-            out.append(self._resolve(self.gpu_paths[int(ids[r])],
-                                     f"rule:{self.rules.rules[k].name}", ts, 0.0))
+            trace.open.append(self.gpu_bank.episodes.open[trace_ids]
+                              | self.rules.open[trace_ids].any(axis=1))
 
         # Rack windows -> rack forest.
         if self.config.rack.enabled and len(vi):
@@ -388,6 +539,17 @@ def _rack_runs_hot(anomalous: npt.NDArray[np.bool_], batch: ScoreBatch,
     total = w.sum(axis=1)
     hot = (w[:, _RACK_THERMAL] * (batch.direction[:, _RACK_THERMAL] > 0)).sum(axis=1)
     return anomalous & (hot >= 0.5 * np.where(total > 0, total, np.inf))
+
+
+def _repeat_index(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """For each row, how many earlier rows hold the same id (0 for a first occurrence)."""
+    order = np.argsort(ids, kind="stable")
+    ranked = ids[order]
+    pos = np.arange(len(ids))
+    first = np.maximum.accumulate(np.where(np.r_[True, ranked[1:] != ranked[:-1]], pos, 0))
+    out = np.empty(len(ids), dtype=np.int64)
+    out[order] = pos - first
+    return out
 
 
 def _describe(attrib: tuple[Attribution, ...]) -> str:

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_detector_support import frame, healthy, timestamps
+from test_detector_support import frame, healthy, small_config, timestamps
 
 from detector.features import COL
+from detector.service import DetectorService
 from fleetpulse.config import TransportConfig
 from fleetpulse.transport import Transport, open_transport
 from schemas.frame import encode_frame
@@ -151,3 +152,76 @@ sample_size = 32
     # No transition published twice, whatever the source.
     counts = Counter((a.id, a.state.value) for a in alerts)
     assert max(counts.values()) == 1, counts.most_common(3)
+
+
+class _Watched(DetectorService):
+    """Counts its rebalances: a member that left its group (stalled past the session
+    timeout) is assigned its partitions again."""
+
+    assignments = 0
+    revocations = 0
+
+    async def on_assigned(self, assigned: frozenset[tuple[str, int]]) -> None:
+        self.assignments += 1
+        await super().on_assigned(assigned)
+
+    async def on_revoked(self, revoked: frozenset[tuple[str, int]]) -> None:
+        self.revocations += 1
+        await super().on_revoked(revoked)
+
+
+async def test_a_large_backlog_never_stalls_the_loop_nor_costs_the_group(
+    kafka_bootstrap: str, unique_prefix: str, tmp_path: Path
+) -> None:
+    """512 GPUs x 5 Hz x 90 s waiting before the detector starts, checkpoints every second:
+    the event loop is never held long (a watchdog measures it), the member is assigned
+    once and never revoked, and everything is processed and committed."""
+    nodes, gpus, ticks = 64, 8, 450
+    config = small_config(
+        transport=TransportConfig(bootstrap=kafka_bootstrap, topic_prefix=unique_prefix),
+        group_id=f"{unique_prefix}-detector", state_dir=tmp_path / "state", partitions=4,
+        metrics_port=-1, checkpoint_interval_s=1.0, shed_after_s=0.0)
+    transport = open_transport(config.transport)
+    await transport.start()
+    topics = Topics(unique_prefix)
+    await transport.ensure_topics({topics.samples: 4, topics.events: 4, topics.alerts: 4,
+                                   topics.deadletter: 1})
+    data = healthy(ticks, gpus, seed=8)
+    base = timestamps(ticks // 5)[0] + 200 * np.arange(ticks, dtype=np.int64)
+    sent = 0
+    for s in range(0, ticks, 5):
+        for n in range(nodes):
+            f = frame(f"node-{n}", f"rack-{n // 4}", base[s:s + 5] + n % 7,
+                      data[s:s + 5], seq=s // 5)
+            await transport.send(topics.samples, encode_frame(f), key=f.identity.rack_key)
+            sent += 1
+    await transport.flush()
+
+    service = _Watched(config, transport)
+    stop = asyncio.Event()
+    worst = 0.0
+
+    async def watchdog() -> None:
+        nonlocal worst
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            t = loop.time()
+            await asyncio.sleep(0.02)
+            worst = max(worst, loop.time() - t - 0.02)
+
+    task = asyncio.create_task(service.run(stop))
+    dog = asyncio.create_task(watchdog())
+    deadline = asyncio.get_running_loop().time() + 240
+    while service.stats.frames < sent and not task.done():
+        assert asyncio.get_running_loop().time() < deadline, service.stats.frames
+        await asyncio.sleep(0.2)
+    assignments, revocations = service.assignments, service.revocations
+    stop.set()
+    await task
+    await dog
+    await transport.close()
+    assert service.stats.frames == sent and service.stats.model_steps == nodes * gpus * ticks // 5
+    assert service.stats.checkpoints >= 2
+    assert (assignments, revocations) == (1, 0)
+    # Kafka's session timeout is 10 s; the loop never waited a fifth of it.
+    assert worst < 2.0, worst

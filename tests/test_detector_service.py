@@ -5,9 +5,12 @@ restored, event-topic rules."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 from aiohttp import web
 from prometheus_client import generate_latest
 from test_detector_support import frame, healthy, small_config, timestamps
@@ -15,7 +18,7 @@ from test_detector_support import frame, healthy, small_config, timestamps
 from detector.checkpoint import checkpoint_path
 from detector.config import WebhookConfig
 from detector.features import COL
-from detector.service import DetectorService
+from detector.service import LAG_SOURCE, DetectorService
 from fleetpulse.config import TransportConfig
 from fleetpulse.transport import Message, Transport, open_transport
 from schemas.frame import encode_frame
@@ -25,9 +28,11 @@ from schemas.topics import Topics
 
 
 def _config(tmp_path: Path, name: str, webhook: str = "") -> object:
+    # The test data is stamped 2026-01-01: shedding (by age) is tested on its own.
     return small_config(transport=TransportConfig(bootstrap=f"memory://{name}"),
                         state_dir=tmp_path / "state", partitions=2, metrics_port=-1,
-                        checkpoint_interval_s=0.5, webhook=WebhookConfig(url=webhook))
+                        checkpoint_interval_s=0.5, webhook=WebhookConfig(url=webhook),
+                        shed_after_s=0.0, batch_wait_s=0.05)
 
 
 async def _publish_fleet(transport: Transport, topics: Topics, steps: int,
@@ -142,4 +147,62 @@ async def test_restart_restores_models_and_does_not_repeat_alerts(tmp_path: Path
     alerts = [AlertRecord.from_bytes(m.value) for m in await _read_all(transport, topics.alerts)]
     firing = [a.id for a in alerts if a.state is AlertState.FIRING]
     assert len(firing) == len(set(firing)) >= 1
+    await transport.close()
+
+
+async def test_behind_sheds_model_steps_alerts_and_resolves_when_caught_up(
+        tmp_path: Path) -> None:
+    """Data older than ``shed_after_s`` is not modelled (but every tick reaches the rules
+    and every offset is consumed); one ``detector:lag`` alert opens, and resolves once the
+    detector reads fresh data again."""
+    name = f"det-{uuid.uuid4().hex}"
+    config = dataclasses.replace(_config(tmp_path, name), shed_after_s=30.0)  # type: ignore[type-var]
+    transport = open_transport(config.transport)
+    await transport.start()
+    topics = Topics()
+    await transport.ensure_topics({topics.samples: 2, topics.events: 2, topics.alerts: 2,
+                                   topics.deadletter: 1})
+    now = int(time.time() * 1000)
+    old = now - 100_000 + 1000 * np.arange(60, dtype=np.int64)  # 100 s .. 40 s ago
+    new = now - 6_000 + 1000 * np.arange(5, dtype=np.int64)
+    data = healthy(65, 8, seed=5)
+    data[20, 3, COL["xid"]] = 79.0  # in the shed part
+    ts = np.concatenate([old, new])
+    for s in range(0, 65, 5):
+        for n, node in enumerate(("node-0", "node-1")):
+            f = frame(node, "rack-1", ts[s:s + 5], data[s:s + 5, 4 * n:4 * n + 4], seq=s // 5)
+            await transport.send(topics.samples, encode_frame(f), key=f.identity.rack_key)
+    await transport.flush()
+    service = DetectorService(config, transport)
+    await _run_until(service, lambda: service.stats.frames >= 26
+                     and service._lag_alert is None and service.stats.skipped_steps > 0)
+    assert service.stats.skipped_steps == 60 * 8 and service.stats.model_steps == 5 * 8
+    scrape = generate_latest(service.stats.registry).decode()
+    assert "fleetpulse_detector_model_steps_skipped_total 480.0" in scrape
+    alerts = [AlertRecord.from_bytes(m.value) for m in await _read_all(transport, topics.alerts)]
+    lag = [a for a in alerts if a.source == LAG_SOURCE]
+    assert [a.state for a in lag] == [AlertState.FIRING, AlertState.RESOLVED]
+    assert lag[0].level == "service" and lag[0].id == lag[1].id and lag[0].score > 30
+    assert any(a.source == "rule:xid" for a in alerts)  # the rules saw the shed part
+    await transport.close()
+
+
+async def test_the_service_batches_frames_and_commits_what_it_processed(tmp_path: Path) -> None:
+    name = f"det-{uuid.uuid4().hex}"
+    config = dataclasses.replace(_config(tmp_path, name), batch_frames=7)  # type: ignore[type-var]
+    transport = open_transport(config.transport)
+    await transport.start()
+    topics = Topics()
+    await transport.ensure_topics({topics.samples: 2, topics.events: 2, topics.alerts: 2,
+                                   topics.deadletter: 1})
+    await _publish_fleet(transport, topics, 200)
+    service = DetectorService(config, transport)
+    await _run_until(service, lambda: service.stats.frames >= 80)
+    assert service.stats.frames == 80 and service.stats.model_steps == 200 * 8
+    consumer = transport.consumer([topics.samples], config.group_id)  # type: ignore[attr-defined]
+    try:
+        committed = [await consumer.committed((topics.samples, p)) for p in range(2)]
+    finally:
+        await consumer.stop()
+    assert sum(c or 0 for c in committed) == 80
     await transport.close()
