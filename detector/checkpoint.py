@@ -80,6 +80,7 @@ def shard_bytes(shard: DetectorShard, offsets: dict[str, int]) -> bytes:
     arrays.update(shard.gpu_bank.state_arrays("gpu"))
     arrays.update(shard.rules.state_arrays())
     arrays.update(shard.rack_windows.state_arrays())
+    arrays.update(shard.rack_heat.state_arrays())
     arrays.update(shard.rack_bank.state_arrays("rack"))
     arrays["rack_of"] = shard.rack_of
     arrays["last_anomalous_ms"] = shard.last_anomalous_ms
@@ -171,6 +172,7 @@ def restore_shard(shard: DetectorShard, data: bytes) -> dict[str, int]:
     shard.gpu_bank.load_arrays(arrays, "gpu", n)
     shard.rules.load_arrays(arrays)
     shard.rack_windows.load_arrays(arrays)
+    shard.rack_heat.load_arrays(arrays)
     shard.rack_windows.late = int(meta["late"])
     shard.rack_bank.load_arrays(arrays, "rack", r)
     try:

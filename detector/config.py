@@ -96,10 +96,17 @@ class RackModelConfig:
     """Anomalous windows (nearly consecutive, of about the last 4) that open a rack alert."""
     resolve_after: int = 4
     """Consecutive quiet windows that resolve it."""
+    heat_excess_c: float = 4.0
+    """Rack heat rule: the rack's GPUs run this much hotter than their thermal models, on
+    average ..."""
+    heat_after_s: float = 60.0
+    """... for this long (and resolve after as long below half of it)."""
 
     def validate(self) -> None:
         if self.window_s <= 0 or self.open_after < 1 or self.resolve_after < 1:
             raise ConfigError("rack: window_s > 0, open_after >= 1, resolve_after >= 1")
+        if self.heat_excess_c <= 0 or self.heat_after_s < 0:
+            raise ConfigError("rack: heat_excess_c > 0 and heat_after_s >= 0 required")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,8 +161,9 @@ class RulesConfig:
     """Degrees above the GPU's thermal prediction and its node peers' ..."""
     excess_after_s: float = 60.0
     """... held this long: the GPU's heat path degraded."""
-    stuck_history_s: float = 21_600.0
-    """Seconds of readings before a sensor's own longest runs of one value are trusted."""
+    stuck_history_s: float = 1800.0
+    """Seconds learned at a power before the sensor's own longest runs of one value at that
+    power are trusted."""
     deficit_ratio: float = 0.08
     """A busy GPU this far below its peers' (or its own best) SM clock with no reason bit ..."""
     deficit_after_s: float = 60.0

@@ -105,6 +105,10 @@ class RuleContext:
     clock_ref_hz: npt.NDArray[np.float64]
     """The SM clock the GPU should run at: the median of its node's busy peers, or (with
     fewer than two of them) the highest clock the GPU itself has shown."""
+    power_bin: npt.NDArray[np.int64]
+    """The band of smoothed power the GPU is in (``detector.thermal_model``) ..."""
+    dwell_s: npt.NDArray[np.float64]
+    """... and how many seconds its thermal model has learned in that band."""
 
 
 # The catalog metrics the detector reads, in the column order of ``gather``'s output.
@@ -247,7 +251,9 @@ class FeatureState:
         busy = np.bincount(inv, weights=np.isfinite(busy_clock).astype(np.float64))
         ref = np.where(busy[inv] >= 3, group_median(busy_clock, node_groups),
                        np.where(self.max_clock[ids] > 0, self.max_clock[ids], np.nan))
-        return RuleContext(self.last_pred[ids], self.thermal.error_c(ids), excess, ref)
+        band, dwell = self.thermal.power_bin(ids)
+        return RuleContext(self.last_pred[ids], self.thermal.error_c(ids), excess, ref, band,
+                           dwell)
 
     def step(
         self,

@@ -23,10 +23,11 @@ temperature_stuck  warning   the die temperature reading has stayed identical fo
                              ``stuck_after_s`` while either the GPU's own thermal model
                              (``detector.thermal_model``: its learned lag and degC per watt)
                              predicts a change of ``stuck_predicted_c`` or more (and 4 times its
-                             error before the freeze), or the reading has held 10 times longer
-                             than any run of identical readings this sensor showed in the last
-                             day, once it has been read for ``stuck_history_s`` (a tenth-degree
-                             sensor with noise never holds a minute).
+                             error before the freeze), or the model expects 2 degC of wandering
+                             and the reading has held twice ``stuck_after_s`` and 10 times
+                             longer than any run of identical readings this sensor showed at
+                             this power in the last day (after ``stuck_history_s`` learned and
+                             30 changes of value at that power).
                              Judged by the GPU's own response and its own sensor, not by a watt
                              swing: a liquid-cooled die that holds one integer through an
                              all-reduce rhythm is predicted to hold it, and has held it before.
@@ -68,6 +69,7 @@ import numpy as np
 import numpy.typing as npt
 
 from detector.features import COL, THROTTLE_SW_THERMAL, RuleContext
+from detector.thermal_model import DWELL_BINS
 from schemas.records import Severity
 
 __all__ = ["CRITICAL_XIDS", "HARDWARE_XIDS", "RULES", "Rule", "RuleBook", "RuleParams"]
@@ -112,9 +114,9 @@ class RuleParams:
     """Fraction below its reference clock a busy GPU must run, with no reason bit ..."""
     deficit_after_s: float = 60.0
     """... for this long, to count as a straggler."""
-    stuck_history_s: float = 21_600.0
-    """Seconds of readings before a sensor's own run lengths are trusted: long enough to have
-    seen it idle and busy (an idle die can hold a reading for many minutes)."""
+    stuck_history_s: float = 1800.0
+    """Seconds learned at a power before the sensor's own run lengths at that power are
+    trusted (an idle die can hold a reading for many minutes, a busy one rarely)."""
     burst_count: float = 20.0
     """Errors (exponentially weighted over ``burst_window_s``) that make a burst ..."""
     burst_window_s: float = 60.0
@@ -169,7 +171,7 @@ class RuleBook:
 
     ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
               "stuck_temp", "stuck_since_ms", "stuck_pmin", "stuck_pmax", "stuck_err",
-              "run_max_s", "first_ms", "excess_since_ms", "excess_err", "deficit_since_ms",
+              "run_max_s", "runs_n", "excess_since_ms", "excess_err", "deficit_since_ms",
               "burst")
 
     def __init__(self, params: RuleParams) -> None:
@@ -191,10 +193,11 @@ class RuleBook:
         self.stuck_err = np.zeros(0)
         """The thermal model's error when the reading last changed: a frozen reading teaches
         the model to err, so the bar is the error it had before."""
-        self.run_max_s = np.zeros(0)
-        """Longest run of identical readings this sensor showed (decaying over hours)."""
-        self.first_ms = np.zeros(0, dtype=np.int64)
-        """When the GPU's temperature was first read."""
+        self.run_max_s = np.zeros((0, DWELL_BINS))
+        """Longest run of identical readings this sensor showed, per band of power (decaying
+        over a day) ..."""
+        self.runs_n = np.zeros((0, DWELL_BINS))
+        """... and how many runs ended in each band."""
         self.excess_since_ms = np.zeros(0, dtype=np.int64)
         """Since when the GPU has run hotter than its thermal model (0: it does not)."""
         self.excess_err = np.zeros(0)
@@ -248,8 +251,6 @@ class RuleBook:
         temp = row[:, COL["temperature_celsius"]]
         pred = ctx.predicted_c
         has_temp = np.isfinite(temp)
-        self.first_ms[ids] = np.where((self.first_ms[ids] == 0) & has_temp, ts_ms,
-                                      self.first_ms[ids])
         ok = has_temp & np.isfinite(pred)
         held = has_temp & (temp == self.stuck_temp[ids]) & (self.stuck_since_ms[ids] > 0)
         run_s = (ts_ms - self.stuck_since_ms[ids]) / 1000.0
@@ -257,8 +258,10 @@ class RuleBook:
         # The longest run of about the last day, not of all time: runs tile the timeline,
         # so each one that ends ages the record by its own length.
         decay = np.exp(-np.maximum(run_s, 0.0) / 86_400.0)
-        self.run_max_s[ids] = np.where(ended, np.maximum(self.run_max_s[ids] * decay, run_s),
-                                       self.run_max_s[ids])
+        band = ctx.power_bin
+        runs = self.run_max_s[ids, band]
+        self.run_max_s[ids, band] = np.where(ended, np.maximum(runs * decay, run_s), runs)
+        self.runs_n[ids, band] += ended
         self.stuck_since_ms[ids] = np.where(held, self.stuck_since_ms[ids],
                                             np.where(has_temp, ts_ms, 0))
         self.stuck_temp[ids] = np.where(has_temp, temp, np.nan)
@@ -268,8 +271,13 @@ class RuleBook:
         frozen_s = np.where(held, run_s, 0.0)
         swing = self.stuck_pmax[ids] - self.stuck_pmin[ids]
         predicted = ok & (swing >= np.maximum(p.stuck_predicted_c, 4.0 * self.stuck_err[ids]))
-        known = (ts_ms - self.first_ms[ids]) / 1000.0 >= p.stuck_history_s
-        unlike_itself = known & (frozen_s >= 10.0 * self.run_max_s[ids])
+        # Unlike itself: the model expects the reading to wander by two degrees or more,
+        # and this sensor, which has changed value often at this power, never held a value
+        # a tenth as long. (An integer sensor without noise at a steady temperature holds
+        # one value for hours, but then the model expects no wandering.)
+        known = (ctx.dwell_s >= p.stuck_history_s) & (self.runs_n[ids, band] >= 30)
+        unlike_itself = (known & (swing >= 2.0) & (frozen_s >= 2.0 * p.stuck_after_s)
+                         & (frozen_s >= 10.0 * self.run_max_s[ids, band]))
         cond[:, 5] = held & (frozen_s >= p.stuck_after_s) & (predicted | unlike_itself)
         val[:, 5] = temp
         # Hotter than its own thermal model, and than its node peers.
@@ -294,9 +302,10 @@ class RuleBook:
         limit = row[:, COL["power_limit_watts"]]
         capped = ~(np.isfinite(limit) & np.isfinite(power) & (power < 0.9 * limit))
         reasons = ib & ~0x1 & ~np.where(capped, 0, 0x4)
+        # Where the reasons are not exported at all (dcgm-exporter's default fields), no
+        # reason is known either.
         low = (np.isfinite(util) & (util >= 0.8) & np.isfinite(clock) & np.isfinite(ref)
-               & (ref > 0) & (clock <= (1.0 - p.deficit_ratio) * ref)
-               & np.isfinite(bits) & (reasons == 0))
+               & (ref > 0) & (clock <= (1.0 - p.deficit_ratio) * ref) & (reasons == 0))
         since = self.deficit_since_ms[ids]
         since = np.where(low, np.where(since > 0, since, ts_ms), 0)
         self.deficit_since_ms[ids] = since

@@ -26,7 +26,8 @@ from detector.engines import EngineConfig, ScoreBatch, make_engine
 from detector.episodes import EpisodeParams
 from detector.features import COL, COUNTER_COLS, FEATURES, GATHERED, FeatureState
 from detector.model_bank import ModelBank
-from detector.rack_windows import RACK_FEATURES, RackWindows
+from detector.rack_heat import RackHeat
+from detector.rack_windows import RACK_FEATURES, RACK_WEIGHTS, RackWindows
 from detector.rules import RuleBook
 from detector.step_fold import GATHERED_FOLD, FoldedSteps, StepFold
 from detector.thresholds import ThresholdParams
@@ -108,6 +109,7 @@ class DetectorShard:
                             std_floor=mc.std_floor),
             EpisodeParams(rc.open_after, 4, rc.resolve_after, config.alerts.cooldown_s))
         self.rack_windows = RackWindows(rc.window_s)
+        self.rack_heat = RackHeat(rc.heat_excess_c, rc.heat_after_s)
         # Registry: entity paths <-> dense ids.
         self.gpu_ids: dict[str, int] = {}
         self.gpu_paths: list[str] = []
@@ -170,6 +172,7 @@ class DetectorShard:
         r = len(self.rack_paths)
         self.rack_bank.ensure(r)
         self.rack_windows.ensure(r)
+        self.rack_heat.ensure(r)
 
     # -- processing -------------------------------------------------------------------
 
@@ -407,6 +410,21 @@ class DetectorShard:
         for r in resolved:
             out.append(self._resolve(self.rack_paths[int(racks[r])], src, int(end[r]),
                                      float(batch.scores[r])))
+        # The rack heat rule, on the same windows: the mean residual in degC.
+        resid_c = means[:, _RACK_RESID].astype(np.float64) / RACK_WEIGHTS[_RACK_RESID] * 2.0
+        h_open, h_res = self.rack_heat.step(racks, resid_c, end)
+        for r in h_open:
+            path = self.rack_paths[int(racks[r])]
+            out.append(self._fire(
+                path, "rack", "rule:rack_heat", Severity.WARNING,
+                f"rack runs {resid_c[r]:.1f} degC hotter than its GPUs' thermal models "
+                "(cooling trouble?)", float(resid_c[r]), self.config.rack.heat_excess_c,
+                int(end[r]), (Attribution("fleetpulse_gpu_temperature_celsius", "high", 1.0),),
+                {"window_s": self.config.rack.window_s, "mean_excess_c": round(
+                    float(resid_c[r]), 2)}))
+        for r in h_res:
+            out.append(self._resolve(self.rack_paths[int(racks[r])], "rule:rack_heat",
+                                     int(end[r]), float(resid_c[r])))
         return out
 
     def _check_stale(self, members: npt.NDArray[np.int64], now: int) -> list[AlertRecord]:
@@ -502,10 +520,12 @@ class DetectorShard:
 
 
 _HEALTH = np.array([i for i, f in enumerate(FEATURES) if f.name in (
-    "temp_residual", "util_vs_node", "power_vs_node", "throttle", "ecc_sbe_increase",
-    "link_error_increase")])
-"""GPU features that a healthy GPU keeps near 0 whatever it runs; the others (temperature,
-power, utilisation, clock) move with every job."""
+    "temp_residual", "throttle", "ecc_sbe_increase", "link_error_increase")])
+"""GPU features that a healthy GPU keeps near 0 whatever it runs. The others move with
+every job: temperature, power, utilisation and clock, and the peer deviations too, since a
+job on part of a node or inference whose utilisation changes every second sets GPUs apart
+from their node (on the zoo's tuning fleets, nearly every false forest alert named them).
+Stragglers are the clock-deficit rule's, which judges by the driver's own reasons."""
 
 
 def _health_led(anomalous: npt.NDArray[np.bool_], batch: ScoreBatch) -> npt.NDArray[np.bool_]:
@@ -514,14 +534,14 @@ def _health_led(anomalous: npt.NDArray[np.bool_], batch: ScoreBatch) -> npt.NDAr
     A job that starts, ends or changes phase moves temperature, power, utilisation and clock
     together: the forest rightly finds such a point unusual, but it is the workload, and on
     the zoo's tuning fleets it was most of the forest's false alerts. A failing GPU shows in
-    what its workload does not explain: hotter than its thermal model, apart from its node
-    peers, throttled, erring.
+    what its workload does not explain: hotter than its thermal model, throttled, erring.
     """
     w = batch.attribution
     total = w.sum(axis=1)
     return anomalous & (w[:, _HEALTH].sum(axis=1) >= 0.5 * np.where(total > 0, total, np.inf))
 
 
+_RACK_RESID = RACK_FEATURES.index("rack_temp_residual")
 _RACK_THERMAL = np.array([RACK_FEATURES.index(n) for n in (
     "rack_temperature", "rack_temp_residual", "rack_memory_temperature", "rack_throttling")])
 

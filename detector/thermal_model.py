@@ -35,7 +35,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["TAUS_S", "WARMUP_STEPS", "ThermalModels"]
+__all__ = ["DWELL_BINS", "TAUS_S", "WARMUP_STEPS", "ThermalModels"]
 
 TAUS_S: Final = np.array([4.0, 15.0, 45.0, 120.0])
 """Candidate thermal time constants (seconds): air-cooled SXM (a few s) to liquid-cooled
@@ -57,6 +57,7 @@ _OUTLIER_WEIGHT: Final = 0.02
 """... learned at this fraction of the usual weight."""
 _DWELL_BIN_W: Final = 100.0
 _DWELL_BINS: Final = 16
+DWELL_BINS: Final = _DWELL_BINS
 _DWELL_S: Final = 300.0
 """A GPU's model judges a reading only once it has learned for ``_DWELL_S`` seconds at
 that smoothed power (bins of ``_DWELL_BIN_W``, the last one open-ended)."""
@@ -195,6 +196,13 @@ class ThermalModels:
                       self.rv, self.scale, self.dwell, self.best, resid, pred,
                       np.empty(len(TAUS_S)))
         return resid, pred
+
+    def power_bin(self, ids: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64],
+                                                              npt.NDArray[np.float64]]:
+        """The band of smoothed power each GPU is in now, and the seconds learned in it."""
+        pe = self.ema[ids, self.best[ids]]
+        b = np.clip((pe / _DWELL_BIN_W).astype(np.int64), 0, _DWELL_BINS - 1)
+        return b, self.dwell[ids, b]
 
     def error_c(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         """Each GPU's usual prediction error, degC: the mean absolute error on readings

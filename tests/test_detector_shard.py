@@ -61,7 +61,9 @@ def test_rack_model_sees_a_cooling_wave() -> None:
     alerts = shard.process(ids, nodes, timestamps(1100), data)
     assert all(AlertRecord.from_bytes(a.to_bytes()) == a for a in alerts)
     rack = [a for a in alerts if a.level == "rack" and a.state is AlertState.FIRING]
-    assert [a.entity for a in rack] == [RACK]
+    # The rack forest and the rack heat rule both see it, on the rack.
+    assert {a.entity for a in rack} == {RACK}
+    assert {a.source for a in rack} == {"model:numba:rack", "rule:rack_heat"}
     assert rack[0].started_ms - timestamps(1)[0] >= 800_000
     early = [a for a in alerts if a.started_ms - timestamps(1)[0] < 800_000
              and a.state is AlertState.FIRING]
@@ -70,8 +72,7 @@ def test_rack_model_sees_a_cooling_wave() -> None:
 
 def test_checkpoint_restore_continues_exactly() -> None:
     data = healthy(520, 4, seed=7)
-    data[400:, 2, COL["utilization_ratio"]] = 1.0
-    data[400:, 2, COL["sm_clock_hertz"]] = 1.2e9
+    data[400:, 2, COL["temperature_celsius"]] += 20.0  # a model alert to be re-created
     ts = timestamps(520)
     whole, ids, nodes = _shard(4)
     trace_whole = StepTrace()
@@ -124,3 +125,18 @@ def test_a_change_the_whole_node_shares_is_a_job_not_a_fault() -> None:
     alerts = alone.process(ids, nodes, timestamps(650), data)
     fired = {a.entity for a in alerts if a.source.startswith("model:") and a.level == "gpu"}
     assert fired == {f"{RACK}/node-0/gpu-2"}
+
+
+def test_rack_heat_rule_fires_when_every_gpu_runs_hotter_than_its_model() -> None:
+    shard, ids, nodes = _shard(8)
+    data = healthy(2400, 8, seed=9)
+    # The rack's inlet warms by 8 degC over five minutes from step 1800: every GPU warms
+    # alike, so no GPU stands apart from its peers, but all are hotter than their models.
+    ramp = np.clip((np.arange(2400) - 1800) / 300.0, 0, 1) * 8.0
+    data[:, :, COL["temperature_celsius"]] += np.round(ramp)[:, None]
+    alerts = shard.process(ids, nodes, timestamps(2400), data)
+    heat = [a for a in alerts if a.source == "rule:rack_heat"]
+    assert [a.state for a in heat] == [AlertState.FIRING] and heat[0].entity == RACK
+    # 4 degC is reached half way up the ramp (1950), then held 60 s.
+    assert 1990 <= (heat[0].started_ms - timestamps(1)[0]) // 1000 <= 2100
+    assert not [a for a in alerts if a.source == "rule:thermal_excess"]
