@@ -100,7 +100,7 @@ class RackModelConfig:
     """Rack heat rule: the rack's GPUs run this much hotter than their thermal models, on
     average ..."""
     heat_after_s: float = 60.0
-    """... for this long (and resolve after as long below half of it)."""
+    """... for this long (it resolves at the first window below half of it)."""
 
     def validate(self) -> None:
         if self.window_s <= 0 or self.open_after < 1 or self.resolve_after < 1:

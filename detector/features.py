@@ -192,6 +192,15 @@ def group_median(
                          np.ascontiguousarray(groups, dtype=np.int64))
 
 
+def _node_median(values: npt.NDArray[np.float64], inv: npt.NDArray[np.intp]
+                 ) -> npt.NDArray[np.float64]:
+    """``group_median`` for groups in any order (the rules see ticks in time order)."""
+    order = np.argsort(inv, kind="stable")
+    out = np.empty_like(values, dtype=np.float64)
+    out[order] = group_median(values[order], inv[order].astype(np.int64))
+    return out
+
+
 class FeatureState:
     """What features need to remember per GPU (model id): previous counters, the highest
     clock, and the GPU's thermal model."""
@@ -242,14 +251,14 @@ class FeatureState:
         """
         resid = self.last_resid[ids]
         _, inv = np.unique(node_groups, return_inverse=True)
-        peers = group_median(resid, node_groups)
+        peers = _node_median(resid, inv)
         finite = np.bincount(inv, weights=np.isfinite(resid).astype(np.float64))
         excess = np.where(finite[inv] < 2, resid, resid - peers)
         util = row[:, COL["utilization_ratio"]]
         clock = row[:, COL["sm_clock_hertz"]]
         busy_clock = np.where(np.isfinite(util) & (util >= 0.5), clock, np.nan)
         busy = np.bincount(inv, weights=np.isfinite(busy_clock).astype(np.float64))
-        ref = np.where(busy[inv] >= 3, group_median(busy_clock, node_groups),
+        ref = np.where(busy[inv] >= 3, _node_median(busy_clock, inv),
                        np.where(self.max_clock[ids] > 0, self.max_clock[ids], np.nan))
         band, dwell = self.thermal.power_bin(ids)
         return RuleContext(self.last_pred[ids], self.thermal.error_c(ids), excess, ref, band,

@@ -5,12 +5,14 @@ every GPU in it a little. No single GPU looks wrong against its node peers (they
 which is why the per-GPU ``thermal_excess`` rule subtracts them), but each is hotter than its
 own thermal model predicts for its power. So per rack and closed window of
 ``detector.rack_windows`` (the mean of its GPUs' residuals, degC): the rule opens once the
-mean has stayed at ``excess_c`` or more for ``after_s`` and resolves once it has stayed
-below half of that for ``after_s``. A workload cannot produce it: a job that starts or ends
+mean has stayed at ``excess_c`` or more for ``after_s`` and resolves at the first window
+below half of that (a rack mean is smooth, and opening again takes ``after_s`` of heat;
+a die with a minute's thermal lag is still hot for minutes after its air recovers, so a
+hold would keep the alert open well past the trouble). A workload cannot produce it: a job that starts or ends
 moves power, which the models account for, and on a rack of dozens of GPUs their errors
 average out. An inlet that swings with the day is learned by the models' four-hour memory.
 
-Vectorised over the racks of a call; the state is three arrays per rack.
+Vectorised over the racks of a call; the state is two arrays per rack.
 """
 
 from __future__ import annotations
@@ -22,15 +24,14 @@ __all__ = ["RackHeat"]
 
 
 class RackHeat:
-    """Per-rack hot / cool timers and the open flag."""
+    """Per-rack hot timer and open flag."""
 
-    ARRAYS = ("hot_since_ms", "cool_since_ms", "open")
+    ARRAYS = ("hot_since_ms", "open")
 
     def __init__(self, excess_c: float, after_s: float) -> None:
         self.excess_c = excess_c
         self.after_ms = int(after_s * 1000)
         self.hot_since_ms = np.zeros(0, dtype=np.int64)
-        self.cool_since_ms = np.zeros(0, dtype=np.int64)
         self.open = np.zeros(0, dtype=bool)
 
     def ensure(self, n: int) -> None:
@@ -48,13 +49,10 @@ class RackHeat:
         cool = mean_resid_c < 0.5 * self.excess_c
         since = self.hot_since_ms[racks]
         since = np.where(hot, np.where(since > 0, since, end_ms), 0)
-        calm = self.cool_since_ms[racks]
-        calm = np.where(cool, np.where(calm > 0, calm, end_ms), 0)
         was = self.open[racks]
         opens = ~was & hot & (end_ms - since >= self.after_ms)
-        resolves = was & cool & (end_ms - calm >= self.after_ms)
+        resolves = was & cool
         self.hot_since_ms[racks] = since
-        self.cool_since_ms[racks] = calm
         self.open[racks] = (was & ~resolves) | opens
         return np.flatnonzero(opens), np.flatnonzero(resolves)
 
