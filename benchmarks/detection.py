@@ -309,14 +309,20 @@ def fleet_from_data(data: Any, source: str, labels: list[dict[str, Any]] | None 
 BASELINES = ("static", "mad", "random", "hst")
 
 
+def cold_start(config: DetectorConfig, hz: float) -> float:
+    """Seconds before the models may alert: their warm-up in model steps, one per
+    ``model.step_s`` (or per sample, when samples are sparser than that)."""
+    mc = config.model
+    step = max(mc.step_s, 1.0 / hz)
+    return (mc.warmup + mc.sample_size // 4 + mc.shingle) * step
+
+
 def run_methods(fleet: Fleet, config: DetectorConfig, engine: str, *, seed: int,
                 baselines: tuple[str, ...] = BASELINES, hst_gpus: int = 24,
                 dump_alerts: Path | None = None) -> dict[str, Any]:
     """The detector and the chosen baselines on one fleet, each scored by ``evaluate``."""
     alerts, cpu, per_model, shard = run_detector(fleet, config, engine)
-    engine_cfg = shard.engine_config
-    cold_start_s = (config.model.warmup + engine_cfg.effective_output_after
-                    + engine_cfg.shingle) / fleet.hz
+    cold_start_s = cold_start(config, fleet.hz)
     det = evaluate(fleet, episodes_from_alerts(fleet, alerts), cold_start_s)
     if dump_alerts:
         with dump_alerts.open("w") as fh:

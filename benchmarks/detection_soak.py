@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.detection import (
+    cold_start,
     episodes_from_alerts,
     evaluate,
     fleet_from_data,
@@ -74,9 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         prof, data = generate_zoo(fleet_seed, args.gpus, args.hours * 3600.0, 0,
                                   profile=prof, hz=hz)
         fleet = fleet_from_data(data, f"soak part {part}: {prof.name}")
-        alerts, cpu, _, shard = run_detector(fleet, config, engine)
-        cold = (config.model.warmup + shard.engine_config.effective_output_after
-                + shard.engine_config.shingle) / fleet.hz
+        alerts, cpu, _, _ = run_detector(fleet, config, engine)
+        cold = cold_start(config, fleet.hz)
         r = evaluate(fleet, episodes_from_alerts(fleet, alerts), cold)
         row = {"part": part, "profile": prof.name, "hz": hz, "gpus": args.gpus,
                "hours": args.hours, "gpu_days": r["gpu_days"],

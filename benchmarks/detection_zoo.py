@@ -36,6 +36,7 @@ from benchmarks.detection import (
     BASELINES,
     METHOD_NAMES,
     TARGETS,
+    cold_start,
     fleet_from_data,
     print_table,
     resolve_engine,
@@ -143,9 +144,7 @@ def main(argv: list[str], base: argparse.Namespace) -> int:
             hz = min(prof.hz, args.zoo_max_hz) if args.zoo_max_hz > 0 else prof.hz
             # Faults start after the first fifth of a run: long enough that the models are
             # out of their cold start (counted in steps, so longer at a slow rate).
-            mc = config.model
-            cold_s = (mc.warmup + mc.sample_size // 4 + mc.shingle) / hz
-            duration = max(args.zoo_duration, 5.0 * cold_s)
+            duration = max(args.zoo_duration, 5.0 * cold_start(config, hz))
             prof, data = generate_zoo(seed, args.zoo_gpus, duration, args.zoo_faults,
                                       profile=prof, hz=hz)
             fleet = fleet_from_data(data, f"zoo {prof.name}: {describe(prof)}")
