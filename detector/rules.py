@@ -23,8 +23,8 @@ temperature_stuck  warning   the die temperature reading has stayed identical fo
                              ``stuck_after_s`` while either the GPU's own thermal model
                              (``detector.thermal_model``: its learned lag and degC per watt)
                              predicts a change of ``stuck_predicted_c`` or more (and 4 times its
-                             error before the freeze), or the model expects 2 degC of wandering
-                             and the reading has held twice ``stuck_after_s`` and 10 times
+                             error before the freeze), or the model expects 2 degC (and 2x its
+                             error) of wandering and the reading has held twice ``stuck_after_s`` and 10 times
                              longer than any run of identical readings this sensor showed at
                              this power in the last day (after ``stuck_history_s`` learned and
                              30 changes of value at that power).
@@ -271,12 +271,14 @@ class RuleBook:
         frozen_s = np.where(held, run_s, 0.0)
         swing = self.stuck_pmax[ids] - self.stuck_pmin[ids]
         predicted = ok & (swing >= np.maximum(p.stuck_predicted_c, 4.0 * self.stuck_err[ids]))
-        # Unlike itself: the model expects the reading to wander by two degrees or more,
-        # and this sensor, which has changed value often at this power, never held a value
+        # Unlike itself: the model expects the reading to wander by two degrees or more (and
+        # twice its own error before the freeze: a model that errs by degrees says little
+        # about wandering), and this sensor, which has changed value often at this power, never held a value
         # a tenth as long. (An integer sensor without noise at a steady temperature holds
         # one value for hours, but then the model expects no wandering.)
         known = (ctx.dwell_s >= p.stuck_history_s) & (self.runs_n[ids, band] >= 30)
-        unlike_itself = (known & (swing >= 2.0) & (frozen_s >= 2.0 * p.stuck_after_s)
+        unlike_itself = (known & (swing >= np.maximum(2.0, 2.0 * self.stuck_err[ids]))
+                         & (frozen_s >= 2.0 * p.stuck_after_s)
                          & (frozen_s >= 10.0 * self.run_max_s[ids, band]))
         cond[:, 5] = held & (frozen_s >= p.stuck_after_s) & (predicted | unlike_itself)
         val[:, 5] = temp
