@@ -440,13 +440,13 @@ def main(argv: list[str] | None = None) -> int:
                       hst_gpus=args.hst_gpus, dump_alerts=args.dump_alerts)
     shard = res.pop("_shard")
     det = res["detector"]
-    peer: dict[str, Any] | None = None
-    if args.peer_engine and args.peer_engine != shard.engine_name:
-        from benchmarks.peers import import_peer
+    from benchmarks.peers import import_peer, missing_peers
 
-        if args.peer_engine != "krcf" or import_peer("krcf") is not None:
-            peer = peer_speed(fleet, config, args.peer_engine)
-            peer["detector_speedup"] = round(det["updates_per_s"] / peer["updates_per_s"], 2)
+    peer: dict[str, Any] | None = None
+    if (args.peer_engine and args.peer_engine != shard.engine_name
+            and (args.peer_engine != "krcf" or import_peer("krcf") is not None)):
+        peer = peer_speed(fleet, config, args.peer_engine)
+        peer["detector_speedup"] = round(det["updates_per_s"] / peer["updates_per_s"], 2)
 
     print_table([(METHOD_NAMES[k] + (f" ({shard.engine_name})" if k == "detector" else ""), r)
                  for k, r in res.items() if k in METHOD_NAMES])
@@ -488,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         "halfspacetrees": res.get("hst"),
         "detector_on_hst_subset": res.get("detector_on_hst_subset"),
         "peer_engine": peer,
+        "missing_peers": missing_peers(),
         "targets": TARGETS,
         "wall_s": round(time.perf_counter() - wall0, 1),
     }
