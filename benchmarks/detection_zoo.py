@@ -145,8 +145,18 @@ def main(argv: list[str], base: argparse.Namespace) -> int:
             # Faults start after the first fifth of a run: long enough that the models are
             # out of their cold start (counted in steps, so longer at a slow rate).
             duration = max(args.zoo_duration, 5.0 * cold_start(config, hz))
-            prof, data = generate_zoo(seed, args.zoo_gpus, duration, args.zoo_faults,
-                                      profile=prof, hz=hz)
+            # A profile whose fleet cannot hold every fault apart (a rack per cooling fault,
+            # a node per straggler) gets as many as fit, and says so.
+            for faults in range(args.zoo_faults, -1, -1):
+                try:
+                    prof, data = generate_zoo(seed, args.zoo_gpus, duration, faults,
+                                              profile=prof, hz=hz)
+                    break
+                except ValueError as exc:
+                    if faults == 0:
+                        raise
+                    print(f"[{split}] {prof.name}: {exc}; trying {faults - 1}",
+                          file=sys.stderr, flush=True)
             fleet = fleet_from_data(data, f"zoo {prof.name}: {describe(prof)}")
             dump = None
             if base.dump_alerts:  # a folder here: one JSON-lines file per profile
