@@ -92,6 +92,7 @@ FEATURES: Final[tuple[Feature, ...]] = (
     Feature("link_error_increase", _m("nvlink_crc_errors_total") + "+replays"),
 )
 
+
 @dataclass(frozen=True, slots=True)
 class RuleContext:
     """What the feature state knows of one step's GPUs that the health rules judge by."""
