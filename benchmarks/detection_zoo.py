@@ -117,6 +117,7 @@ def main(argv: list[str], base: argparse.Namespace) -> int:
     args = parser.parse_args(argv)
 
     from agent.fleet.export import generate_zoo
+    from agent.fleet.zoo import named_or_drawn
     from fleetpulse.config import load_config
 
     config = load_config(DetectorConfig, base.config) if base.config else DetectorConfig()
@@ -138,8 +139,6 @@ def main(argv: list[str], base: argparse.Namespace) -> int:
         for spec in specs:
             t0 = time.perf_counter()
             seed = spec if isinstance(spec, int) else 7000 + sorted(plan[split]).index(spec)
-            from agent.fleet.zoo import named_or_drawn
-
             prof = named_or_drawn(spec)
             hz = min(prof.hz, args.zoo_max_hz) if args.zoo_max_hz > 0 else prof.hz
             # Faults start after the first fifth of a run: long enough that the models are
