@@ -273,9 +273,9 @@ class RuleBook:
         predicted = ok & (swing >= np.maximum(p.stuck_predicted_c, 4.0 * self.stuck_err[ids]))
         # Unlike itself: the model expects the reading to wander by two degrees or more (and
         # twice its own error before the freeze: a model that errs by degrees says little
-        # about wandering), and this sensor, which has changed value often at this power, never held a value
-        # a tenth as long. (An integer sensor without noise at a steady temperature holds
-        # one value for hours, but then the model expects no wandering.)
+        # about wandering), and this sensor, which has changed value often at this power,
+        # never held a value a tenth as long. (An integer sensor without noise at a steady
+        # temperature holds one value for hours, but then the model expects no wandering.)
         known = (ctx.dwell_s >= p.stuck_history_s) & (self.runs_n[ids, band] >= 30)
         unlike_itself = (known & (swing >= np.maximum(2.0, 2.0 * self.stuck_err[ids]))
                          & (frozen_s >= 2.0 * p.stuck_after_s)
