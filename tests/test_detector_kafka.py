@@ -211,16 +211,21 @@ async def test_a_large_backlog_never_stalls_the_loop_nor_costs_the_group(
 
     task = asyncio.create_task(service.run(stop))
     dog = asyncio.create_task(watchdog())
+    # Wait for every model step, not for a frame count: a producer retry on a topic whose
+    # partitions just got their leaders (NotLeaderForPartition) may deliver a frame twice,
+    # which the detector reads and drops as a replay (its ticks are not newer than the
+    # node's last), so frames can exceed what was sent while the steps stay exact.
+    steps = nodes * gpus * ticks // 5
     deadline = asyncio.get_running_loop().time() + 240
-    while service.stats.frames < sent and not task.done():
-        assert asyncio.get_running_loop().time() < deadline, service.stats.frames
+    while service.stats.model_steps < steps and not task.done():
+        assert asyncio.get_running_loop().time() < deadline, service.stats.model_steps
         await asyncio.sleep(0.2)
     assignments, revocations = service.assignments, service.revocations
     stop.set()
     await task
     await dog
     await transport.close()
-    assert service.stats.frames == sent and service.stats.model_steps == nodes * gpus * ticks // 5
+    assert service.stats.frames >= sent and service.stats.model_steps == steps
     assert service.stats.checkpoints >= 2
     assert (assignments, revocations) == (1, 0)
     # Kafka's session timeout is 10 s; the loop never waited a fifth of it.
