@@ -536,9 +536,17 @@ def _health_led(anomalous: npt.NDArray[np.bool_], batch: ScoreBatch) -> npt.NDAr
     the zoo's tuning fleets it was most of the forest's false alerts. A failing GPU shows in
     what its workload does not explain: hotter than its thermal model, throttled, erring.
     """
+    return anomalous & _led_by(batch, _HEALTH, high_only=False)
+
+
+def _led_by(batch: ScoreBatch, cols: npt.NDArray[np.int64], high_only: bool
+            ) -> npt.NDArray[np.bool_]:
+    """Rows whose attribution is at least half in ``cols`` (only where the point is above
+    what the model expects, with ``high_only``); a row without attribution is led by none."""
     w = batch.attribution
     total = w.sum(axis=1)
-    return anomalous & (w[:, _HEALTH].sum(axis=1) >= 0.5 * np.where(total > 0, total, np.inf))
+    part = w[:, cols] * (batch.direction[:, cols] > 0) if high_only else w[:, cols]
+    return np.asarray(part.sum(axis=1) >= 0.5 * np.where(total > 0, total, np.inf))
 
 
 _RACK_RESID = RACK_FEATURES.index("rack_temp_residual")
@@ -555,10 +563,7 @@ def _rack_runs_hot(anomalous: npt.NDArray[np.bool_], batch: ScoreBatch,
     fall. So at least half of the attribution must be thermal features above what the model
     expects; on a healthy fleet every rack alert of the forest was the other kind.
     """
-    w = batch.attribution
-    total = w.sum(axis=1)
-    hot = (w[:, _RACK_THERMAL] * (batch.direction[:, _RACK_THERMAL] > 0)).sum(axis=1)
-    return anomalous & (hot >= 0.5 * np.where(total > 0, total, np.inf))
+    return anomalous & _led_by(batch, _RACK_THERMAL, high_only=True)
 
 
 def _repeat_index(ids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
