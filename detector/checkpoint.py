@@ -44,8 +44,9 @@ __all__ = [
     "shard_bytes",
 ]
 
-FORMAT_VERSION = 2
-"""2: thermal models with candidate lags, windowed error bursts, the thermal-excess rule."""
+FORMAT_VERSION = 3
+"""2: thermal models with candidate lags, windowed error bursts, the thermal-excess rule.
+3: the frozen-sensor rule keeps each candidate lag's range and its time off the reading."""
 
 
 class CheckpointError(RuntimeError):

@@ -49,7 +49,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from detector.thermal_model import ThermalModels
+from detector.thermal_model import TAUS_S, ThermalModels
 from schemas.catalog import BY_NAME
 
 __all__ = [
@@ -99,6 +99,10 @@ class RuleContext:
 
     predicted_c: npt.NDArray[np.float64]
     """The die temperature each GPU's thermal model predicts (NaN: none yet)."""
+    candidates_c: npt.NDArray[np.float64]
+    """(G, lags) every candidate lag's prediction (NaN where none is given) ..."""
+    plausible: npt.NDArray[np.bool_]
+    """... and which of the lags the GPU's history cannot rule out (``ThermalModels.step``)."""
     error_c: npt.NDArray[np.float64]
     """That model's recent prediction error (RMS, degC)."""
     excess_c: npt.NDArray[np.float64]
@@ -110,6 +114,8 @@ class RuleContext:
     """The band of smoothed power the GPU is in (``detector.thermal_model``) ..."""
     dwell_s: npt.NDArray[np.float64]
     """... and how many seconds its thermal model has learned in that band."""
+    node: npt.NDArray[np.intp]
+    """Which node of this step each GPU is on (0..nodes-1), for judging a GPU by its peers."""
 
 
 # The catalog metrics the detector reads, in the column order of ``gather``'s output.
@@ -215,6 +221,10 @@ class FeatureState:
         self.thermal = ThermalModels()
         self.last_pred = np.zeros(0)
         """The thermal model's prediction for each GPU's latest reading (degC, NaN: none)."""
+        self.last_cand = np.zeros((0, len(TAUS_S)))
+        self.last_plaus = np.zeros((0, len(TAUS_S)), dtype=bool)
+        """The thermal model's candidate-lag predictions of the last step, and which of the
+        lags the GPU's history cannot rule out."""
         self.last_resid = np.zeros(0)
         """Latest reading minus that prediction, where the rules may judge it (degC, NaN)."""
 
@@ -226,6 +236,10 @@ class FeatureState:
             [self.prev_counters, np.full((extra, len(COUNTER_COLS)), np.nan)])
         self.max_clock = np.concatenate([self.max_clock, np.zeros(extra)])
         self.last_pred = np.concatenate([self.last_pred, np.full(extra, np.nan)])
+        self.last_cand = np.concatenate([self.last_cand,
+                                         np.full((extra, len(TAUS_S)), np.nan)])
+        self.last_plaus = np.concatenate([self.last_plaus,
+                                          np.zeros((extra, len(TAUS_S)), dtype=bool)])
         self.last_resid = np.concatenate([self.last_resid, np.full(extra, np.nan)])
         self.thermal.ensure(n)
         self.n = n
@@ -254,7 +268,13 @@ class FeatureState:
         _, inv = np.unique(node_groups, return_inverse=True)
         peers = _node_median(resid, inv)
         finite = np.bincount(inv, weights=np.isfinite(resid).astype(np.float64))
-        excess = np.where(finite[inv] < 2, resid, resid - peers)
+        reading = np.bincount(inv, weights=np.isfinite(row[:, COL["temperature_celsius"]])
+                              .astype(np.float64))
+        # Peers judge where three or more of them have a judged residual; a node with one GPU
+        # reading temperature is its own yardstick; a node whose other GPUs cannot be judged
+        # yet (their models are learning a new power) gives no excess at all.
+        excess = np.where(reading[inv] < 2, resid,
+                          np.where(finite[inv] >= 3, resid - peers, np.nan))
         util = row[:, COL["utilization_ratio"]]
         clock = row[:, COL["sm_clock_hertz"]]
         busy_clock = np.where(np.isfinite(util) & (util >= 0.5), clock, np.nan)
@@ -262,8 +282,8 @@ class FeatureState:
         ref = np.where(busy[inv] >= 3, _node_median(busy_clock, inv),
                        np.where(self.max_clock[ids] > 0, self.max_clock[ids], np.nan))
         band, dwell = self.thermal.power_bin(ids)
-        return RuleContext(self.last_pred[ids], self.thermal.error_c(ids), excess, ref, band,
-                           dwell)
+        return RuleContext(self.last_pred[ids], self.last_cand[ids], self.last_plaus[ids],
+                           self.thermal.error_c(ids), excess, ref, band, dwell, inv)
 
     def step(
         self,
@@ -316,8 +336,10 @@ class FeatureState:
         feats[:, 9] = np.log1p(inc[:, 0] / 4.0) * 2.0
         feats[:, 10] = np.log1p(inc[:, 2:6].sum(axis=1) / 4.0) * 2.0
 
-        resid, pred = self.thermal.step(ids, temp, power, ts_ms)
+        resid, pred, cand, plaus = self.thermal.step(ids, temp, power, ts_ms)
         self.last_pred[ids] = pred
+        self.last_cand[ids] = cand
+        self.last_plaus[ids] = plaus
         self.last_resid[ids] = np.where(np.isfinite(pred), resid, np.nan)
         feats[:, 2] = resid / 2.0
         np.nan_to_num(feats, copy=False, nan=0.0, posinf=0.0, neginf=0.0)

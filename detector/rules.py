@@ -19,24 +19,33 @@ thermal_slowdown   warning   a thermal slowdown clock-event bit (SW 0x20 or HW 0
                              cooling insufficient for the work.
 hw_slowdown        warning   HW slowdown (0x08) or HW power brake (0x80) is set: asserted by the
                              board or the system, never by ordinary load.
-temperature_stuck  warning   the die temperature reading has stayed identical for
-                             ``stuck_after_s`` while either the GPU's own thermal model
-                             (``detector.thermal_model``: its learned lag and degC per watt)
-                             predicts a change of ``stuck_predicted_c`` or more (and 4 times its
-                             error before the freeze), or the model expects 2 degC (and 2x its
-                             error) of wandering and the reading has held twice ``stuck_after_s`` and 10 times
-                             longer than any run of identical readings this sensor showed at
-                             this power in the last day (after ``stuck_history_s`` learned and
-                             30 changes of value at that power).
-                             Judged by the GPU's own response and its own sensor, not by a watt
-                             swing: a liquid-cooled die that holds one integer through an
-                             all-reduce rhythm is predicted to hold it, and has held it before.
+temperature_stuck  warning   the die temperature reading has stayed identical while the
+                             GPU's own thermal model (``detector.thermal_model``) says the die
+                             must have moved, judged with every lag its history cannot rule
+                             out (a cold plate the model cannot yet tell from a heat sink
+                             keeps the slow lag in play): for ``stuck_after_s`` while each
+                             such lag swung by ``stuck_predicted_c`` (and 4 times the model's
+                             error before the freeze) or more, and most of the node's other
+                             GPUs changed their readings; or for ``stuck_after_s`` in all
+                             while every such lag stood that far off the held reading on one
+                             side (having agreed with it when it froze) and the node's peers
+                             did not; or for twice ``stuck_after_s`` and 10 times longer than
+                             any run of identical readings this sensor showed at this power in
+                             the last day (after ``stuck_history_s`` learned and 30 changes of
+                             value at that power), where the lags expect 2 degC of wandering.
+                             A sensor is one GPU's part: when the whole node holds its
+                             readings, the node is steady or the models misjudge its loop.
+                             Judged by the GPU's own response, its own sensor and its peers,
+                             not by a watt swing: a liquid-cooled die that holds one integer
+                             through an all-reduce rhythm is predicted to hold it.
 thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's usual error)
                              or more above what its own thermal model predicts for its power,
                              beyond its node peers' median excess (an inlet change or a fan
                              curve moves the whole node), for ``excess_after_s``: the heat path
                              (paste, fan, pump, airflow) of this GPU degraded, whatever its load.
-                             A node with one reporting GPU has no peers: its own excess counts.
+                             A node with one GPU reading temperature has no peers: its own
+                             excess counts; on a node where fewer than three GPUs can be judged
+                             yet (their models still learning a new power), none is judged.
 clock_deficit      warning   a busy GPU (``utilization >= 80 %``) runs its SM clock
                              ``deficit_ratio`` or more below the clock it should (its busy node
                              peers' median, or its own highest) with no clock-event reason bit
@@ -68,8 +77,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from detector.features import COL, THROTTLE_SW_THERMAL, RuleContext
-from detector.thermal_model import DWELL_BINS
+from detector.features import COL, THROTTLE_SW_THERMAL, RuleContext, _node_median
+from detector.thermal_model import DWELL_BINS, TAUS_S
 from schemas.records import Severity
 
 __all__ = ["CRITICAL_XIDS", "HARDWARE_XIDS", "RULES", "Rule", "RuleBook", "RuleParams"]
@@ -105,7 +114,8 @@ class RuleParams:
     stuck_after_s: float = 60.0
     """Seconds a temperature reading must stay identical ..."""
     stuck_predicted_c: float = 4.0
-    """... while the GPU's thermal model predicts at least this change (max - min) for it."""
+    """... while every plausible lag of the GPU's thermal model predicts at least this change
+    (max - min) for it, or stands this far off the reading."""
     excess_c: float = 8.0
     """Degrees above the GPU's own thermal prediction (and its node peers') ..."""
     excess_after_s: float = 60.0
@@ -166,11 +176,21 @@ RULES: Final = rules_for(RuleParams())
 LOST: Final = len(RULES) - 1
 
 
+def _peer_median(values: npt.NDArray[np.float64], node: npt.NDArray[np.intp],
+                 has: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
+    """Each GPU's node peers' median of ``values`` (itself included) over the GPUs where ``has``,
+    NaN with fewer than three of them on the node (two GPUs cannot outvote each other)."""
+    v = np.where(has, values, np.nan)
+    med = _node_median(v, node)
+    count = np.bincount(node, weights=has.astype(np.float64))[node]
+    return np.where(count >= 3, med, np.nan)
+
+
 class RuleBook:
     """Rule state for models 0..n-1: consecutive-true runs, last time true, open episodes."""
 
     ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
-              "stuck_temp", "stuck_since_ms", "stuck_pmin", "stuck_pmax", "stuck_err",
+              "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus", "stuck_kmin", "stuck_kmax", "stuck_err",
               "run_max_s", "runs_n", "excess_since_ms", "excess_err", "deficit_since_ms",
               "burst")
 
@@ -188,8 +208,15 @@ class RuleBook:
         # thermal model's predictions since then.
         self.stuck_temp = np.zeros(0)
         self.stuck_since_ms = np.zeros(0, dtype=np.int64)
-        self.stuck_pmin = np.zeros(0)
-        self.stuck_pmax = np.zeros(0)
+        self.stuck_p0 = np.zeros(0)
+        """The thermal model's prediction when the reading last changed."""
+        self.stuck_off_s = np.zeros(0)
+        """Seconds of the current freeze during which the models put the reading ``bar`` off."""
+        self.stuck_kplaus = np.zeros((0, len(TAUS_S)), dtype=bool)
+        """The lags plausible when the reading last changed ..."""
+        self.stuck_kmin = np.zeros((0, len(TAUS_S)))
+        self.stuck_kmax = np.zeros((0, len(TAUS_S)))
+        """The range of each candidate lag's prediction since the reading last changed."""
         self.stuck_err = np.zeros(0)
         """The thermal model's error when the reading last changed: a frozen reading teaches
         the model to err, so the bar is the error it had before."""
@@ -265,22 +292,74 @@ class RuleBook:
         self.stuck_since_ms[ids] = np.where(held, self.stuck_since_ms[ids],
                                             np.where(has_temp, ts_ms, 0))
         self.stuck_temp[ids] = np.where(has_temp, temp, np.nan)
-        self.stuck_pmin[ids] = np.where(held, np.fmin(self.stuck_pmin[ids], pred), pred)
-        self.stuck_pmax[ids] = np.where(held, np.fmax(self.stuck_pmax[ids], pred), pred)
+        # The prediction when the reading last changed (the first one known since then), and
+        # the range each plausible lag's prediction covered since.
+        p0 = self.stuck_p0[ids]
+        self.stuck_p0[ids] = np.where(held & np.isfinite(p0), p0, pred)
+        p0 = self.stuck_p0[ids]
+        # Which lags were plausible is judged when the reading last changed (or first could
+        # be, after): a frozen reading fits a slow lag better and would make it plausible by
+        # the very fault.
+        cand = ctx.candidates_c
+        h = held[:, None]
+        keep = h & self.stuck_kplaus[ids].any(axis=1, keepdims=True)
+        self.stuck_kplaus[ids] = np.where(keep, self.stuck_kplaus[ids], ctx.plausible)
+        cand = np.where(self.stuck_kplaus[ids], cand, np.nan)
+        self.stuck_kmin[ids] = np.where(h, np.fmin(self.stuck_kmin[ids], cand), cand)
+        self.stuck_kmax[ids] = np.where(h, np.fmax(self.stuck_kmax[ids], cand), cand)
         self.stuck_err[ids] = np.where(held, self.stuck_err[ids], ctx.error_c)
         frozen_s = np.where(held, run_s, 0.0)
-        swing = self.stuck_pmax[ids] - self.stuck_pmin[ids]
-        predicted = ok & (swing >= np.maximum(p.stuck_predicted_c, 4.0 * self.stuck_err[ids]))
-        # Unlike itself: the model expects the reading to wander by two degrees or more (and
-        # twice its own error before the freeze: a model that errs by degrees says little
+        frozen_long = held & (frozen_s >= p.stuck_after_s)
+        bar = np.maximum(p.stuck_predicted_c, 4.0 * self.stuck_err[ids])
+        # How far the die should have moved if its lag were any the GPU's history allows: the
+        # smallest swing of the lags plausible now. A cold plate that the model cannot yet
+        # tell from a bare heat sink (after a long idle every lag fits) keeps the slow lag in
+        # the running, and a slow lag barely swings under an all-reduce rhythm.
+        swings = self.stuck_kmax[ids] - self.stuck_kmin[ids]
+        swing = np.fmin.reduce(np.where(self.stuck_kplaus[ids], swings, np.nan), axis=1)
+        swing = np.where(np.isfinite(swing), swing, 0.0)
+        # One sensor, not the node: a stuck sensor is one GPU's fault, so most of the node's
+        # other reporting GPUs changed their reading meanwhile (when the whole node holds
+        # still, it is the node that is steady, or the models that misjudge its loop).
+        nodes = int(ctx.node.max()) + 1 if len(ctx.node) else 0
+        reporting = np.bincount(ctx.node, weights=has_temp.astype(np.float64),
+                                minlength=nodes)[ctx.node] - has_temp
+        still = np.bincount(ctx.node, weights=frozen_long.astype(np.float64),
+                            minlength=nodes)[ctx.node] - frozen_long
+        alone = (reporting < 2) | (still <= 0.5 * reporting)
+        swung = frozen_long & alone & (swing >= bar)
+        # Or every plausible lag now puts the die ``bar`` degrees or more off the held
+        # reading on one side (``off``: how far the nearest is), where the chosen lag agreed
+        # with the reading when it froze (a model that was off before says nothing now),
+        # and unlike its node peers (whose readings follow their models), for
+        # ``stuck_after_s`` in all during the freeze: not since the reading last changed (a
+        # die idle for an hour holds its reading for an hour, and the first seconds of a job
+        # are the models' guess, not yet the die's), and not in a row (under a job that
+        # cycles faster, the models swing away and back).
+        lo = np.fmin.reduce(cand, axis=1)
+        hi = np.fmax.reduce(cand, axis=1)
+        off = np.where(temp < lo, lo - temp, np.where(temp > hi, hi - temp, 0.0))
+        judged = ok & np.isfinite(off)
+        off = np.where(judged, off, 0.0)
+        agreed = np.isfinite(p0) & (np.abs(p0 - temp) < 0.5 * bar)
+        peers_off = _peer_median(off, ctx.node, judged)
+        rel = np.where(np.isfinite(peers_off), off - peers_off, off)
+        away = ok & agreed & (np.abs(off) >= bar) & (np.abs(rel) >= bar) & (
+            np.sign(rel) == np.sign(off))
+        off_s = np.where(held, self.stuck_off_s[ids] + np.where(away, dt_s, 0.0), 0.0)
+        self.stuck_off_s[ids] = off_s
+        stayed = held & (off_s >= p.stuck_after_s)
+        # Or unlike itself: the lags expect the reading to wander by two degrees or more (and
+        # twice the model's error before the freeze: a model that errs by degrees says little
         # about wandering), and this sensor, which has changed value often at this power,
         # never held a value a tenth as long. (An integer sensor without noise at a steady
-        # temperature holds one value for hours, but then the model expects no wandering.)
+        # temperature holds one value for hours, but then no lag expects wandering.)
         known = (ctx.dwell_s >= p.stuck_history_s) & (self.runs_n[ids, band] >= 30)
-        unlike_itself = (known & (swing >= np.maximum(2.0, 2.0 * self.stuck_err[ids]))
+        unlike_itself = (frozen_long & alone & known
+                         & (swing >= np.maximum(2.0, 2.0 * self.stuck_err[ids]))
                          & (frozen_s >= 2.0 * p.stuck_after_s)
                          & (frozen_s >= 10.0 * self.run_max_s[ids, band]))
-        cond[:, 5] = held & (frozen_s >= p.stuck_after_s) & (predicted | unlike_itself)
+        cond[:, 5] = swung | stayed | unlike_itself
         val[:, 5] = temp
         # Hotter than its own thermal model, and than its node peers.
         excess = ctx.excess_c

@@ -67,7 +67,7 @@ _MAX_DT_S: Final = 60.0
 
 @numba.njit(cache=True)
 def _thermal_step(ids, temp, power, ts_ms, taus, last_ms, n, ema, mx, my, vxx, vxy, rv, scale,
-                  dwell, best, resid, pred, preds):  # pragma: no cover - compiled
+                  dwell, best, resid, pred, cand, plaus, preds):  # pragma: no cover - compiled
     k_taus = taus.shape[0]
     for i in range(ids.shape[0]):
         g = ids[i]
@@ -75,6 +75,9 @@ def _thermal_step(ids, temp, power, ts_ms, taus, last_ms, n, ema, mx, my, vxx, v
         p = power[i]
         resid[i] = np.nan
         pred[i] = np.nan
+        for k in range(taus.shape[0]):
+            cand[i, k] = np.nan
+            plaus[i, k] = False
         if not (np.isfinite(t) and np.isfinite(p)):
             continue
         if last_ms[g] > 0:
@@ -106,6 +109,12 @@ def _thermal_step(ids, temp, power, ts_ms, taus, last_ms, n, ema, mx, my, vxx, v
             resid[i] = r_best
             if dwell[g, bin_] >= _DWELL_S:
                 pred[i] = preds[b]
+                # Every lag the GPU's recent history cannot rule out: a residual variance
+                # within four times the best one's (plus a quarter degree squared, for
+                # whole-degree sensors at rest).
+                for k in range(k_taus):
+                    cand[i, k] = preds[k]
+                    plaus[i, k] = rv[g, k] <= 4.0 * rv[g, b] + 0.25 or k == b
         dwell[g, bin_] += dt
         # A reading far outside the model's usual error is learned at a fiftieth of the
         # weight: a fault (a die heating for twenty minutes at the same power) must not
@@ -179,23 +188,30 @@ class ThermalModels:
 
     def step(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
              power: npt.NDArray[np.float64], ts_ms: int
-             ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-        """Learn one reading per GPU; returns (residual, prediction), degC.
+             ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64],
+                        npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+        """Learn one reading per GPU; returns (residual, prediction, candidates, plausible).
 
         The residual is NaN where the GPU has no reading or its model is still warming up;
         the prediction is NaN also where the model has not yet learned five minutes at this
         power (the rules judge only where the model knows the GPU, the forest's feature
-        is the residual either way)."""
+        is the residual either way). The candidates (G, len(TAUS_S)) are each lag's prediction
+        where the prediction is given (NaN otherwise), degC; plausible marks the lags whose
+        recent error is within a few times the best one's: what the GPU could read if its
+        response were any lag its history cannot rule out, for a rule that must not misjudge
+        a GPU whose lag the model has wrong."""
         g = len(ids)
         resid = np.full(g, np.nan)
         pred = np.full(g, np.nan)
+        cand = np.full((g, len(TAUS_S)), np.nan)
+        plaus = np.zeros((g, len(TAUS_S)), dtype=np.bool_)
         _thermal_step(np.ascontiguousarray(ids, dtype=np.int64),
                       np.ascontiguousarray(temp, dtype=np.float64),
                       np.ascontiguousarray(power, dtype=np.float64), int(ts_ms), TAUS_S,
                       self.last_ms, self.n, self.ema, self.mx, self.my, self.vxx, self.vxy,
-                      self.rv, self.scale, self.dwell, self.best, resid, pred,
+                      self.rv, self.scale, self.dwell, self.best, resid, pred, cand, plaus,
                       np.empty(len(TAUS_S)))
-        return resid, pred
+        return resid, pred, cand, plaus
 
     def power_bin(self, ids: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64],
                                                               npt.NDArray[np.float64]]:

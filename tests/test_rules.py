@@ -101,7 +101,9 @@ def test_stuck_temperature_and_error_bursts() -> None:
     data[:, 4, COL["ecc_sbe_volatile_total"]] = np.cumsum(slow)
     got = _rule_alerts(shard.process(ids, nodes, timestamps(2000), data))
     stuck = [g for g in got if g[1] == "rule:temperature_stuck"]
-    assert stuck and stuck[0][2] == "node-0/gpu-0" and 1760 <= stuck[0][3] <= 1800, stuck
+    # Every lag the GPU's history allows swings 4 degC or more with the job's cycle while the
+    # reading holds: the first full swing after the freeze.
+    assert stuck and stuck[0][2] == "node-0/gpu-0" and 1750 <= stuck[0][3] <= 1830, stuck
     assert all(g[2] == "node-0/gpu-0" for g in stuck)
     # 25 errors in a second is a burst at once; it resolves 45 s after the last error
     # (109), and the lone error at 300 raises nothing.
