@@ -54,6 +54,8 @@ class AggregatorConfig:
     """Most series one query may select."""
     lookback_ms: int = 300_000
     """Instant queries take the newest window within this much before the query time."""
+    max_samples: int = 50_000_000
+    """Most series x points one selector may read; more is refused (422) before reading."""
 
     @property
     def state_path(self) -> Path:
@@ -72,5 +74,5 @@ class AggregatorConfig:
         host, _, port = self.listen.rpartition(":")
         if not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ConfigError(f"listen must be host:port, got {self.listen!r}")
-        if self.max_points_per_series < 1 or self.max_series < 1:
+        if self.max_points_per_series < 1 or self.max_series < 1 or self.max_samples < 1:
             raise ConfigError("query limits must be positive")

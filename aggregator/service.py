@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from aggregator.checkpoint import PartitionCheckpoint, load_checkpoint, save_checkpoint
 from aggregator.config import AggregatorConfig
 from aggregator.http_api import add_query_routes, build_query_app
+from aggregator.http_errors import JsonErrorRunner
 from aggregator.query_engine import QueryEngine, QueryLimits
 from aggregator.rack_stage import RackStage
 from aggregator.row_stage import RowStage
@@ -126,7 +127,8 @@ class AggregatorService:
         self.row = RowStage(self.store, self.index, topic=self.topics.rollups,
                             lateness_ms=cfg.row_lateness_ms)
         self.engine = QueryEngine(self.store, self.index, QueryLimits(
-            cfg.max_points_per_series, cfg.max_series, cfg.lookback_ms), now_fn=self.data_time)
+            cfg.max_points_per_series, cfg.max_series, cfg.lookback_ms, cfg.max_samples),
+            now_fn=self.data_time)
         self.loops = [_Loop(self, self.rack, self.topics.samples, cfg.group_id)]
         if cfg.row_stage:
             self.loops.append(_Loop(self, self.row, self.topics.rollups, f"{cfg.group_id}-rows"))
@@ -155,7 +157,7 @@ class AggregatorService:
         if serve_http:
             app = build_query_app(self.engine, bearer_token=self.cfg.bearer_token)
             self.mount_metrics(app)
-            self._runner = web.AppRunner(app, access_log=None)
+            self._runner = JsonErrorRunner(app, access_log=None)
             await self._runner.setup()
             host, port = self.cfg.host_port
             site = web.TCPSite(self._runner, host, port)

@@ -45,6 +45,7 @@ from agent.fleet.live import AckTimer, LiveStats
 from agent.fleet.model import METRIC_IDS, METRICS
 from agent.publisher import AgentSequence, Publisher, new_agent_id
 from aggregator.config import AggregatorConfig
+from aggregator.http_errors import JsonErrorRunner
 from aggregator.service import AggregatorService
 from detector.config import DetectorConfig
 from detector.service import DetectorService
@@ -555,7 +556,7 @@ async def run_demo(
     app = web.Application()
     aggregator.add_routes(app)
     page = add_web_routes(app, board, cfg.web)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=3.0)
+    runner = JsonErrorRunner(app, access_log=None, shutdown_timeout=3.0)
     await runner.setup()
     host, port = agg_cfg.host_port
     site = web.TCPSite(runner, host, port)
