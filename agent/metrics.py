@@ -54,6 +54,13 @@ class AgentCollector(Collector):
         yield CounterMetricFamily(P + "missed_ticks",
                                   "Ticks skipped because their time passed (never bunched).",
                                   value=s.missed_ticks)
+        steps = CounterMetricFamily(P + "clock_steps",
+                                    "Wall-clock steps detected (sampling stays on the "
+                                    "monotonic clock; stamps follow the new time).",
+                                    labels=["direction"])
+        for direction, n in sorted(s.clock_steps.items()):
+            steps.add_metric([direction], n)
+        yield steps
         yield CounterMetricFamily(P + "source_failed_ticks",
                                   "Ticks the source could not read at all.",
                                   value=s.source_errors)

@@ -54,6 +54,9 @@ class AggregatorConfig:
     """Most series one query may select."""
     lookback_ms: int = 300_000
     """Instant queries take the newest window within this much before the query time."""
+    max_future_ms: int = 600_000
+    """Samples stamped further ahead of this host's clock are counted, not rolled up (an
+    agent whose clock jumped); 0 turns it off, for synthetic time run faster than real."""
     max_samples: int = 50_000_000
     """Most series x points one selector may read; more is refused (422) before reading."""
 
@@ -67,7 +70,7 @@ class AggregatorConfig:
         return host or "127.0.0.1", int(port)
 
     def validate(self) -> None:
-        if self.lateness_ms < 0 or self.row_lateness_ms < 0:
+        if self.lateness_ms < 0 or self.row_lateness_ms < 0 or self.max_future_ms < 0:
             raise ConfigError("lateness must not be negative")
         if self.commit_interval_ms < 10 or self.max_batch < 1:
             raise ConfigError("commit_interval_ms >= 10 and max_batch >= 1")

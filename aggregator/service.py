@@ -123,7 +123,8 @@ class AggregatorService:
         self.index = EntityIndex(data / "entities.jsonl")
         self.transport = transport or open_transport(cfg.transport)
         self.rack = RackStage(self.store, self.index, topic=self.topics.samples,
-                              lateness_ms=cfg.lateness_ms, raw=cfg.raw)
+                              lateness_ms=cfg.lateness_ms, raw=cfg.raw,
+                              max_future_ms=cfg.max_future_ms)
         self.row = RowStage(self.store, self.index, topic=self.topics.rollups,
                             lateness_ms=cfg.row_lateness_ms)
         self.engine = QueryEngine(self.store, self.index, QueryLimits(
@@ -341,6 +342,10 @@ class _Collector(Collector):
         late.add_metric(["rack"], st.late_samples)
         late.add_metric(["row"], s.row.late)
         yield late
+        yield CounterMetricFamily("fleetpulse_aggregator_future_samples",
+                                  "Samples stamped more than max_future_ms ahead of this "
+                                  "host's clock (an agent's clock jumped); not rolled up.",
+                                  value=st.future_samples)
         yield CounterMetricFamily("fleetpulse_aggregator_duplicate_frames",
                                   "Frames dropped as (agent, seq) duplicates.",
                                   value=st.duplicates)

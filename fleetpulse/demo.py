@@ -116,7 +116,8 @@ class DemoConfig:
     """Detector settings; its transport, state_dir and metrics_port are the demo's. A
     ``[detector]`` table in a file starts from DetectorConfig's own defaults, so name the
     demo's choices there too (config/demo.toml does)."""
-    aggregator: AggregatorConfig = field(default_factory=lambda: AggregatorConfig(fsync=False))
+    aggregator: AggregatorConfig = field(default_factory=lambda: AggregatorConfig(
+        fsync=False, max_future_ms=0))  # simulated time runs ahead of the clock
     """Aggregator settings; its transport, data_dir and listen are the demo's."""
 
     def validate(self) -> None:
