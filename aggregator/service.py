@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 
 from aggregator.checkpoint import PartitionCheckpoint, load_checkpoint, save_checkpoint
 from aggregator.config import AggregatorConfig
+from aggregator.disk_health import DiskHealth
 from aggregator.http_api import add_query_routes, build_query_app
 from aggregator.http_errors import JsonErrorRunner
 from aggregator.query_engine import QueryEngine, QueryLimits
@@ -134,6 +135,7 @@ class AggregatorService:
         if cfg.row_stage:
             self.loops.append(_Loop(self, self.row, self.topics.rollups, f"{cfg.group_id}-rows"))
         self.dead_letters = 0
+        self.disk = DiskHealth()
         self.rollups_published = 0
         self._pending: list[tuple[asyncio.Future[Any], bytes, bytes]] = []
         """Rollup sends not yet acknowledged: (future, value, key), re-sent on failure."""
@@ -240,8 +242,8 @@ class AggregatorService:
         if self._pending:
             pending, self._pending = self._pending, []
             await self._acknowledged(pending)
-        self.index.flush()
-        self.store.flush()
+        if not self.disk.flush(self.index, self.store):
+            return  # nothing new is durable: no checkpoint, no commit (see disk_health)
         # Owned partitions are read only now, after the await: while the acknowledgements
         # were awaited, a rebalance callback (it may run whenever the consumer is not
         # holding a batch) can have revoked some, and their state is gone from the stage.
@@ -363,6 +365,13 @@ class _Collector(Collector):
                                 "Partitions whose 1 min/1 h/1 d windows are still being read "
                                 "back from the store after an assignment.",
                                 value=s.rack.catching_up())
+        yield CounterMetricFamily("fleetpulse_aggregator_store_write_errors",
+                                  "Durability cycles whose flush the disk refused (full, "
+                                  "read-only); nothing was checkpointed or committed.",
+                                  value=s.disk.write_errors)
+        yield GaugeMetricFamily("fleetpulse_aggregator_store_writable",
+                                "0 while the store's disk refuses writes.",
+                                value=1.0 if s.disk.writable else 0.0)
         yield GaugeMetricFamily("fleetpulse_aggregator_store_bytes",
                                 "Bytes of the store's segment files.", value=s.store_bytes())
         yield GaugeMetricFamily("fleetpulse_aggregator_entities",
