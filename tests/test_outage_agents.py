@@ -2,7 +2,7 @@
 
 The suite's shorter run of :mod:`benchmarks.outage` (whose 10-minute run with 8 agents is
 in benchmarks/results/outage.json): real agent processes on a private real broker that is
-stopped for 40 s. Every (agent, seq) must arrive exactly once and in order; the agent
+stopped for 30 s. Every (agent, seq) must arrive exactly once and in order; the agent
 whose 1 MiB spool fills up applies its drop policy, says so in its log and on /metrics,
 and no frame is missing downstream that it did not count.
 """
@@ -24,7 +24,7 @@ def test_agents_across_an_outage_every_seq_once_in_order_and_drops_counted(
     specs = [AgentSpec(f"node-{i}", interval_s=1.0) for i in range(3)]
     specs.append(AgentSpec("limited", interval_s=0.1, gpus=64, spool_max_bytes=1 << 20))
     res = run_outage(broker.bootstrap, broker.stop, broker.start, specs, tmp_path,
-                     outage_s=40.0, warm_s=3.0)
+                     outage_s=30.0, warm_s=3.0)
     print(res.to_json())
     for a in res.agents:
         assert a.exit_code == 0, a
@@ -33,7 +33,7 @@ def test_agents_across_an_outage_every_seq_once_in_order_and_drops_counted(
     steady, limited = res.agents[:-1], res.agents[-1]
     for a in steady:
         assert a.missing == 0 and a.spool_dropped == 0 and a.lost == 0, a
-        assert a.spool_peak_frames >= 30, a  # it spooled the outage, ~1 frame a second
+        assert a.spool_peak_frames >= 20, a  # it spooled the outage, ~1 frame a second
     assert limited.spool_dropped > 0 and limited.log_says_full, limited
     assert limited.spool_peak_bytes <= 1 << 20, limited
     # nothing missing that was not counted; the count may include the few frames that were
