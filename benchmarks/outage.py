@@ -65,6 +65,9 @@ class AgentOutcome:
     missing: int = 0
     spool_dropped: float = 0.0
     lost: float = 0.0
+    rejected: float = 0.0
+    missing_ranges: list[tuple[int, int]] = field(default_factory=list)
+    """Runs of missing seqs, [first, last]: the drop policy deletes whole old segments."""
     spool_peak_bytes: float = 0.0
     spool_peak_frames: float = 0.0
     drain_s: float = 0.0
@@ -76,7 +79,7 @@ class AgentOutcome:
         """Frames counted as dropped that reached the broker anyway: sent just before it
         went down, their acknowledgements lost, so they were spooled (at-least-once) and
         then in a segment the drop policy deleted. Bounded by rate x ack timeout."""
-        return int(self.spool_dropped + self.lost) - self.missing
+        return int(self.spool_dropped + self.lost + self.rejected) - self.missing
 
     @property
     def exact(self) -> bool:
@@ -191,6 +194,16 @@ async def _read_topic(bootstrap: str, topic: str, timeout_s: float = 180.0
     return out
 
 
+def _runs(values: list[int]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for v in values:
+        if out and out[-1][1] == v - 1:
+            out[-1] = (out[-1][0], v)
+        else:
+            out.append((v, v))
+    return out
+
+
 def run_outage(bootstrap: str, stop_broker: Callable[[], None],
                start_broker: Callable[[], None], specs: list[AgentSpec], work: Path,
                outage_s: float, warm_s: float = 5.0, drain_timeout_s: float = 300.0,
@@ -240,6 +253,7 @@ def run_outage(bootstrap: str, stop_broker: Callable[[], None],
             o = outcome[a.spec.node]
             o.spool_dropped = m.get("fleetpulse_agent_spool_dropped_frames_total", 0.0)
             o.lost = m.get("fleetpulse_agent_frames_lost_total", 0.0)
+            o.rejected = m.get("fleetpulse_agent_frames_rejected_total", 0.0)
             o.frames_built = m.get("fleetpulse_agent_frames_built_total", 0.0)
     finally:
         for a in agents:
@@ -259,6 +273,7 @@ def run_outage(bootstrap: str, stop_broker: Callable[[], None],
         o.duplicates = len(seqs) - len(set(seqs))
         o.out_of_order = sum(1 for x, y in itertools.pairwise(seqs) if y <= x)
         o.missing = (max(seqs) + 1 - len(set(seqs))) if seqs else 0
+        o.missing_ranges = _runs(sorted(set(range(max(seqs, default=-1) + 1)) - set(seqs)))
     result.agents = [outcome[s.node] for s in specs]
     result.wall_s = round(time.monotonic() - t_start, 1)
     return result
