@@ -54,6 +54,13 @@ class AgentCollector(Collector):
         yield CounterMetricFamily(P + "missed_ticks",
                                   "Ticks skipped because their time passed (never bunched).",
                                   value=s.missed_ticks)
+        steps = CounterMetricFamily(P + "clock_steps",
+                                    "Wall-clock steps detected (sampling stays on the "
+                                    "monotonic clock; stamps follow the new time).",
+                                    labels=["direction"])
+        for direction, n in sorted(s.clock_steps.items()):
+            steps.add_metric([direction], n)
+        yield steps
         yield CounterMetricFamily(P + "source_failed_ticks",
                                   "Ticks the source could not read at all.",
                                   value=s.source_errors)
@@ -96,6 +103,9 @@ class AgentCollector(Collector):
         dropped_b = counter("spool_dropped_bytes", "Bytes lost to a full spool.")
         corrupt = counter("spool_corrupt_bytes",
                       "Spool bytes that failed their checksum (torn writes).")
+        write_err = counter("spool_write_errors",
+                            "Spool writes the disk refused (full, read-only): the frame is "
+                            "lost (frames_lost) and no torn record is left behind.")
         pend = gauge("spool_frames", "Records in the spool, not yet delivered.")
         pend_b = gauge("spool_bytes", "Bytes in the spool, not yet delivered.")
         mode = gauge("spooling", "1 while publishing goes to the spool.")
@@ -116,10 +126,11 @@ class AgentCollector(Collector):
                 dropped.add_metric([stream], sp.dropped_frames)
                 dropped_b.add_metric([stream], sp.dropped_bytes)
                 corrupt.add_metric([stream], sp.corrupt_bytes)
+                write_err.add_metric([stream], sp.write_errors)
                 pend.add_metric([stream], sp.pending_frames)
                 pend_b.add_metric([stream], sp.pending_bytes)
         yield from (sent, sent_b, replayed, failures, rejected, lost, spooled, dropped, dropped_b,
-                    corrupt, pend, pend_b, mode, inflight)
+                    corrupt, write_err, pend, pend_b, mode, inflight)
 
 
 @dataclass

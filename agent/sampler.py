@@ -6,6 +6,15 @@ ticks does not drift by the accumulated sleep overshoot (it is still due at exac
 ``mono0 + 3600 s``). Ticks are aligned to multiples of the interval in wall time (every node
 samples on the same second), and tick *k* carries the timestamp ``wall0 + k * interval``.
 
+**Wall-clock steps.** The schedule never reads the wall clock after the start, so a step
+(NTP correcting a bad boot clock, an operator's ``date -s``) cannot bunch or stall ticks.
+Each tick compares the wall clock with the schedule's idea of it; a difference beyond
+``step_after_s`` is a **step**: logged, counted (per direction) and followed -- the
+schedule is re-anchored by whole intervals, so stamps keep the fleet-wide alignment and
+agree with the corrected clock from the next tick on. The frame being built is closed
+first, so no frame holds stamps from both sides of a step (after a backward step stamps
+repeat an earlier span; downstream those samples are late and counted as such).
+
 A tick that starts later than ``late_after_s`` after its due time (the host was busy, the
 source blocked) is **late**: it is sampled at once, stamped with the real time it was read,
 and counted. The ticks whose due time passed meanwhile (and a slot less than half an
@@ -68,19 +77,26 @@ class Tick:
     late: bool
     missed: int
     """Ticks skipped just before this one because their time had passed."""
+    stepped_ms: int = 0
+    """The wall clock stepped by this much (ms, re-anchored) just before this tick."""
 
 
 class TickClock:
     """Drift-free fixed-rate ticks on the monotonic clock (see the module docstring)."""
 
     def __init__(self, interval_s: float, late_after_s: float | None = None, *,
-                 align: bool = True) -> None:
+                 align: bool = True, wall_ns: Callable[[], int] = time.time_ns,
+                 step_after_s: float = 1.0) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
         self.interval_ms = max(1, round(interval_s * 1000))
         self.interval_s = self.interval_ms / 1000
         self.late_after_s = self.interval_s / 10 if late_after_s is None else late_after_s
-        now_wall_ms = time.time_ns() / 1e6
+        self.wall_ns = wall_ns
+        """The wall clock (injectable: tests step it without touching the system's)."""
+        self.step_after_ms = max(step_after_s * 1000, self.interval_ms)
+        self.steps: dict[str, int] = {"forward": 0, "backward": 0}
+        now_wall_ms = wall_ns() / 1e6
         now_mono = time.monotonic()
         first_ms = (math.floor(now_wall_ms / self.interval_ms) + 1) * self.interval_ms \
             if align else math.ceil(now_wall_ms)
@@ -114,19 +130,36 @@ class TickClock:
         if stop is not None and stop.is_set():
             return None
         now = time.monotonic()
+        stepped = self._follow_step(now)
         lateness = now - due
         late = lateness > self.late_after_s
         if late:
             ts = self.wall0_ms + round((now - self.mono0) * 1000)
         else:
             ts = self.scheduled_ts_ms(index)
-        ts = max(ts, self._last_ts + 1)
+        if stepped >= 0:  # after a backward step stamps go back once, with the clock
+            ts = max(ts, self._last_ts + 1)
         self._last_ts = ts
         # The next slot is the first one at least half an interval after now: a late tick
         # is followed by a normal gap, not by the slot that happens to come a few ms later.
         nxt = math.ceil(((now - self.mono0) * 1000 + self.interval_ms / 2) / self.interval_ms)
         self.next_index = max(index + 1, nxt)
-        return Tick(index, ts, due, lateness, late, self.next_index - index - 1)
+        return Tick(index, ts, due, lateness, late, self.next_index - index - 1, stepped)
+
+    def _follow_step(self, now_mono: float) -> int:
+        """Re-anchor the stamps if the wall clock stepped; the shift in ms (0: no step)."""
+        expected_ms = self.wall0_ms + (now_mono - self.mono0) * 1000
+        offset = self.wall_ns() / 1e6 - expected_ms
+        if abs(offset) <= self.step_after_ms:
+            return 0
+        shift = round(offset / self.interval_ms) * self.interval_ms
+        self.wall0_ms += shift
+        direction = "forward" if shift > 0 else "backward"
+        self.steps[direction] += 1
+        log.warning("wall clock stepped %s by %.3f s; sampling stays on the monotonic "
+                    "clock, stamps follow the new wall time (%d %s steps so far)",
+                    direction, offset / 1000, self.steps[direction], direction)
+        return shift
 
 
 @dataclass(slots=True)
@@ -137,6 +170,8 @@ class SamplerStats:
     late_ticks: int = 0
     missed_ticks: int = 0
     source_errors: int = 0
+    clock_steps: dict[str, int] = field(default_factory=lambda: {"forward": 0, "backward": 0})
+    """Wall-clock steps seen by the clock, per direction."""
     frames: int = 0
     events: int = 0
     latency_sum_s: float = 0.0
@@ -239,6 +274,8 @@ class Sampler:
         st.missed_ticks += tick.missed
         if tick.late:
             st.late_ticks += 1
+        if tick.stepped_ms:
+            st.clock_steps["forward" if tick.stepped_ms > 0 else "backward"] += 1
         try:
             g = await self.source.gather(tick.ts_ms)
         except SourceError as exc:
@@ -270,6 +307,11 @@ class Sampler:
             g = await self.sample(tick)
             if g is None:
                 continue
+            if tick.stepped_ms:  # no frame spans a clock step
+                last = self.builder.flush()
+                if last is not None:
+                    self.stats.frames += 1
+                    self.on_frame(last)
             for frame in self.builder.add(tick.ts_ms, g):
                 self.stats.frames += 1
                 self.on_frame(frame)

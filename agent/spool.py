@@ -38,6 +38,7 @@ it to the kernel.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -100,6 +101,9 @@ class SpoolStats:
     corrupt_bytes: int = 0
     pending_frames: int = 0
     pending_bytes: int = 0
+    write_errors: int = 0
+    """Appends and cursor writes the disk refused (full, read-only); the record was not
+    kept and the segment was cut back to its last whole record."""
 
 
 @dataclass(slots=True)
@@ -301,9 +305,18 @@ class Spool:
                 self._write_seg += 1
             self._open_segment()
             cur = self._segments[self._write_seg]
-        written = os.write(self._wfd, rec)
-        if written != size:  # a short write on a regular file means the disk is full
-            raise OSError(f"short write to the spool ({written} of {size} bytes)")
+        try:
+            written = os.write(self._wfd, rec)
+            if written != size:  # a short write on a regular file means the disk is full
+                raise OSError(errno.ENOSPC, f"short write to the spool ({written} of {size} "
+                              "bytes)")
+        except OSError:
+            # No torn record may stay behind: the next append would land after it and the
+            # scan at the next open would truncate the segment there, losing the records
+            # after it. Cut the file back to its last whole record (shrinking needs no space).
+            self.stats.write_errors += 1
+            os.ftruncate(self._wfd, cur.size)
+            raise
         cur.size += size
         cur.records += 1
         self.stats.appended_frames += 1
@@ -429,7 +442,15 @@ class Spool:
         """
         if self.stats.pending_frames == 0 and not self.has_unread():
             self._reset_when_drained()
-        self._write_cursor()
+        try:
+            self._write_cursor()
+        except OSError as exc:
+            # A full disk: keep the old cursor (and the segments it still needs). The
+            # records acknowledged since are replayed once more after a crash; downstream
+            # de-duplicates by (agent, seq). Deleting segments frees the space it lacks.
+            self.stats.write_errors += 1
+            log.error("cannot write the spool cursor (%s); keeping the previous one", exc)
+            return
         for seg in [s for s in self._segments if s < self._ack_seg]:
             self._delete_segment(seg)
 

@@ -54,6 +54,11 @@ class AggregatorConfig:
     """Most series one query may select."""
     lookback_ms: int = 300_000
     """Instant queries take the newest window within this much before the query time."""
+    max_future_ms: int = 600_000
+    """Samples stamped further ahead of this host's clock are counted, not rolled up (an
+    agent whose clock jumped); 0 turns it off, for synthetic time run faster than real."""
+    max_samples: int = 50_000_000
+    """Most series x points one selector may read; more is refused (422) before reading."""
 
     @property
     def state_path(self) -> Path:
@@ -65,12 +70,12 @@ class AggregatorConfig:
         return host or "127.0.0.1", int(port)
 
     def validate(self) -> None:
-        if self.lateness_ms < 0 or self.row_lateness_ms < 0:
+        if self.lateness_ms < 0 or self.row_lateness_ms < 0 or self.max_future_ms < 0:
             raise ConfigError("lateness must not be negative")
         if self.commit_interval_ms < 10 or self.max_batch < 1:
             raise ConfigError("commit_interval_ms >= 10 and max_batch >= 1")
         host, _, port = self.listen.rpartition(":")
         if not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ConfigError(f"listen must be host:port, got {self.listen!r}")
-        if self.max_points_per_series < 1 or self.max_series < 1:
+        if self.max_points_per_series < 1 or self.max_series < 1 or self.max_samples < 1:
             raise ConfigError("query limits must be positive")

@@ -29,26 +29,29 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from aggregator.http_errors import api_error_middleware, error_response
 from aggregator.promql import PromQLError
 from aggregator.query_engine import QueryEngine, QueryError, SeriesResult
 
-__all__ = ["ENGINE_KEY", "add_query_routes", "build_query_app", "openapi_document"]
+__all__ = ["ENGINE_KEY", "MAX_BODY", "MAX_QUERY_CHARS", "add_query_routes", "build_query_app",
+           "openapi_document"]
 
 ENGINE_KEY: Final = web.AppKey("fleetpulse_query_engine", QueryEngine)
 _DURATION = re.compile(r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?"
                        r"(?:(\d+)s)?(?:(\d+)ms)?")
 _DUR_MS: Final = (365 * 86_400_000, 7 * 86_400_000, 86_400_000, 3_600_000, 60_000, 1000, 1)
 _SCALAR = re.compile(r"\s*([-+]?\d+(?:\.\d*)?)\s*(?:\+\s*([-+]?\d+(?:\.\d*)?)\s*)?")
-_MAX_BODY: Final = 1 << 20
+MAX_BODY: Final = 1 << 20
+"""Largest form-encoded POST body (413 above it)."""
+MAX_QUERY_CHARS: Final = 65_536
+"""Longest PromQL text (query, each match[]): a Grafana ``=~"a|b|..."`` expansion over
+thousands of nodes fits; the parser's time stays small against it."""
 
 
 class _BadRequest(Exception):
-    pass
-
-
-def _error(status: int, error_type: str, message: str) -> web.Response:
-    body = {"status": "error", "errorType": error_type, "error": message}
-    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _ok(data: Any) -> web.Response:
@@ -129,8 +132,9 @@ async def _params(request: web.Request) -> dict[str, list[str]]:
     for k, v in request.query.items():
         params.setdefault(k, []).append(v)
     if request.method == "POST":
-        if request.content_length and request.content_length > _MAX_BODY:
-            raise _BadRequest("request body too large")
+        if request.content_length and request.content_length > MAX_BODY:
+            raise _BadRequest(f"request body of {request.content_length} bytes is larger than "
+                              f"the limit of {MAX_BODY}", 413)
         form = await request.post()
         for k, fv in form.items():
             if isinstance(fv, str):
@@ -147,6 +151,14 @@ def _one(params: dict[str, list[str]], name: str, default: str | None = None) ->
     return vals[-1]
 
 
+def _promql(text: str, name: str) -> str:
+    """A PromQL parameter within :data:`MAX_QUERY_CHARS` (checked before parsing)."""
+    if len(text) > MAX_QUERY_CHARS:
+        raise _BadRequest(f"invalid parameter {name!r}: {len(text)} characters, more than the "
+                          f"limit of {MAX_QUERY_CHARS}")
+    return text
+
+
 Handler = Callable[[web.Request, QueryEngine, dict[str, list[str]]], Awaitable[web.Response]]
 
 
@@ -156,16 +168,20 @@ def _wrap(fn: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
         try:
             params = await _params(request)
             return await fn(request, engine, params)
-        except (_BadRequest, PromQLError) as exc:
-            return _error(400, "bad_data", str(exc))
+        except _BadRequest as exc:
+            return error_response(exc.status, str(exc), "bad_data")
+        except PromQLError as exc:
+            return error_response(400, str(exc), "bad_data")
         except QueryError as exc:
-            return _error(400, exc.error_type, str(exc))
+            # execution: the query is valid but would read too much (Prometheus: 422)
+            return error_response(422 if exc.error_type == "execution" else 400, str(exc),
+                                  exc.error_type)
     return handler
 
 
 async def _query_range(request: web.Request, engine: QueryEngine,
                        params: dict[str, list[str]]) -> web.Response:
-    query = _one(params, "query")
+    query = _promql(_one(params, "query"), "query")
     start = parse_time(_one(params, "start"), "start")
     end = parse_time(_one(params, "end"), "end")
     step = parse_duration(_one(params, "step"), "step")
@@ -175,7 +191,7 @@ async def _query_range(request: web.Request, engine: QueryEngine,
 
 async def _query(request: web.Request, engine: QueryEngine,
                  params: dict[str, list[str]]) -> web.Response:
-    query = _one(params, "query")
+    query = _promql(_one(params, "query"), "query")
     t = parse_time(_one(params, "time", str(time.time())), "time")
     scalar = _SCALAR.fullmatch(query)
     if scalar:
@@ -194,7 +210,7 @@ async def _series(request: web.Request, engine: QueryEngine,
     match = params.get("match[]")
     if not match:
         raise _BadRequest("no match[] parameter provided")
-    return _ok(engine.series(match))
+    return _ok(engine.series([_promql(m, "match[]") for m in match]))
 
 
 async def _labels(request: web.Request, engine: QueryEngine,
@@ -242,14 +258,20 @@ def _auth_middleware(token: str) -> Any:
         if request.path.startswith("/api/"):
             got = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(got, expected):
-                return _error(401, "unauthorized", "missing or wrong bearer token")
+                return error_response(401, "missing or wrong bearer token")
         return await handler(request)
     return auth
 
 
 def add_query_routes(app: web.Application, engine: QueryEngine) -> None:
-    """Mount the Prometheus-compatible routes (GET and form POST) on ``app``."""
+    """Mount the Prometheus-compatible routes (GET and form POST) on ``app``.
+
+    Also puts :func:`~aggregator.http_errors.api_error_middleware` on ``app`` (once), so
+    aiohttp's own errors under ``/api/`` come in the same JSON shape.
+    """
     app[ENGINE_KEY] = engine
+    if api_error_middleware not in app.middlewares:
+        app.middlewares.append(api_error_middleware)
     for path, fn in (("/api/v1/query_range", _query_range), ("/api/v1/query", _query),
                      ("/api/v1/series", _series), ("/api/v1/labels", _labels),
                      ("/api/v1/label/{name}/values", _label_values),
@@ -265,7 +287,7 @@ def add_query_routes(app: web.Application, engine: QueryEngine) -> None:
 def build_query_app(engine: QueryEngine, *, bearer_token: str = "") -> web.Application:
     """A new Application with the query routes; protect ``/api/`` with a token if given."""
     app = web.Application(middlewares=[_auth_middleware(bearer_token)] if bearer_token else [],
-                          client_max_size=_MAX_BODY)
+                          client_max_size=MAX_BODY)
     add_query_routes(app, engine)
     return app
 
@@ -282,7 +304,9 @@ def openapi_document() -> dict[str, Any]:
     ]
     ok = {"200": {"description": "Prometheus success envelope"},
           "400": {"description": "bad_data: invalid parameters, query or limits exceeded"},
-          "401": {"description": "bearer token missing or wrong"}}
+          "401": {"description": "bearer token missing or wrong"},
+          "413": {"description": "bad_data: request body over 1 MiB"},
+          "422": {"description": "execution: the query would read more samples than allowed"}}
     rng = common + [
         {"name": n, "in": "query", "required": True, "schema": {"type": "string"},
          "description": d} for n, d in (("start", "RFC 3339 or Unix seconds"),
@@ -305,12 +329,17 @@ def openapi_document() -> dict[str, Any]:
                         "parameters": inst, "responses": ok},
                 "post": {"summary": "Instant query, form-encoded", "requestBody": form,
                          "responses": ok}},
-            "/api/v1/series": {"get": {"summary": "Series matching match[] selectors",
-                                       "parameters": [{"name": "match[]", "in": "query",
-                                                       "required": True,
-                                                       "schema": {"type": "string"}}],
-                                       "responses": ok}},
-            "/api/v1/labels": {"get": {"summary": "Label names", "responses": ok}},
+            "/api/v1/series": {
+                "get": {"summary": "Series matching match[] selectors (at most 64)",
+                        "parameters": [{"name": "match[]", "in": "query", "required": True,
+                                        "schema": {"type": "string"}}],
+                        "responses": ok},
+                "post": {"summary": "Series, form-encoded", "requestBody": form,
+                         "responses": ok}},
+            "/api/v1/labels": {"get": {"summary": "Label names", "responses": ok},
+                               "post": {"summary": "Label names", "responses": ok}},
+            "/api/v1/status/buildinfo": {"get": {"summary": "Version of this fleetpulse",
+                                                 "responses": ok}},
             "/api/v1/metadata": {"get": {"summary": "Type, help and unit of every metric",
                                          "responses": ok}},
             "/api/v1/label/{name}/values": {"get": {

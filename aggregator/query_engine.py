@@ -65,6 +65,9 @@ class QueryLimits:
     max_points_per_series: int = 11_000
     max_series: int = 50_000
     lookback_ms: int = 300_000
+    max_samples: int = 50_000_000
+    """Most (series x output points) one selector may read, checked before any read: the
+    response is bounded by it too. Prometheus' ``--query.max-samples`` default; a 422."""
 
 
 @dataclass(slots=True)
@@ -306,6 +309,11 @@ class QueryEngine:
               n: int) -> SeriesResult:
         if isinstance(expr, Selector):
             res = self.resolve(expr, tier)
+            if res.eids.size * n > self.limits.max_samples:
+                raise QueryError(f"query processing would load too many samples into memory: "
+                                 f"{res.eids.size} series x {n} points is more than the limit "
+                                 f"of {self.limits.max_samples}; narrow the selector or raise "
+                                 "the step", "execution")
             cached = self._cached_labels(res)
             return SeriesResult([lab for lab, _ in cached],
                                 self._series_values(tier, res, t0, step, n),
@@ -381,6 +389,8 @@ class QueryEngine:
         """Label sets of every stored series matching any selector (10 s tier's view)."""
         out: list[dict[str, str]] = []
         seen: set[tuple[tuple[str, str], ...]] = set()
+        if len(selectors) > 64:
+            raise QueryError(f"{len(selectors)} match[] selectors, more than the limit of 64")
         for text in selectors:
             expr = parse(text)
             if not isinstance(expr, Selector):
@@ -391,6 +401,9 @@ class QueryEngine:
                 if key not in seen:
                     seen.add(key)
                     out.append(lab)
+            if len(out) > self.limits.max_series:
+                raise QueryError(f"the match[] selectors select more than the limit of "
+                                 f"{self.limits.max_series} series; narrow them")
         return out
 
     def label_names(self) -> list[str]:

@@ -22,7 +22,10 @@ the tier below (:mod:`aggregator.tiers`).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -48,7 +51,7 @@ from aggregator.window_kernel import accumulate, apply_counter_boundary, reduce_
 from fleetpulse.transport.base import Message
 from schemas.catalog import Kind
 from schemas.errors import DecodeError
-from schemas.frame import decode_frame
+from schemas.frame import SampleFrame, decode_frame
 from schemas.rollup import RollupFrame
 
 __all__ = ["BASE_TIER", "RackStage", "StageStats"]
@@ -69,6 +72,12 @@ _COUNTER = np.asarray([k is Kind.COUNTER for k in KIND_OF_COLUMN], bool)
 _ARRAYS: Final = ("cnt", "sum", "min", "max", "last", "sumsq", "first", "inc")
 
 I64 = npt.NDArray[np.int64]
+log = logging.getLogger("fleetpulse.aggregator")
+_FUTURE_LOG_EVERY_S: Final = 60.0
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 @dataclass(slots=True)
@@ -82,6 +91,8 @@ class StageStats:
     decode_errors: int = 0
     windows_closed: int = 0
     replayed: int = 0
+    future_samples: int = 0
+    """Values stamped more than ``max_future_ms`` ahead of this aggregator's clock."""
 
 
 @dataclass(slots=True)
@@ -153,8 +164,15 @@ class RackStage:
     """GPU -> node -> rack rollups for the partitions this instance owns."""
 
     def __init__(self, store: SeriesStore, index: EntityIndex, *, topic: str,
-                 lateness_ms: int = 20_000, raw: bool = True) -> None:
+                 lateness_ms: int = 20_000, raw: bool = True, max_future_ms: int = 0,
+                 wall_ms: Callable[[], int] = _wall_ms) -> None:
         self.store = store
+        self.max_future_ms = max_future_ms
+        """Ticks stamped further ahead of ``wall_ms()`` are counted, not rolled up (0: off).
+        Without it one agent whose clock jumped a year ahead would move its partition's
+        watermark there and make every honest sample after it late."""
+        self.wall_ms = wall_ms
+        self._future_logged: dict[str, float] = {}
         self.index = index
         self.topic = topic
         self.lateness = lateness_ms
@@ -241,6 +259,11 @@ class RackStage:
             t = fr.ts.size
             if t == 0 or fr.values.size == 0:
                 continue
+            if self.max_future_ms > 0:
+                fr = self._drop_future(fr)
+                t = fr.ts.size
+                if t == 0:
+                    continue
             if msg.offset < part.raw_through:
                 self.stats.replayed += 1
             try:
@@ -292,6 +315,27 @@ class RackStage:
                 rollups.extend(self._close_due(p))
         self._seed(time.perf_counter() + SEED_BUDGET_S)
         return dead, rollups
+
+    def _drop_future(self, fr: SampleFrame) -> SampleFrame:
+        """The frame without its ticks from the future (counted and logged, rate-limited)."""
+        horizon = self.wall_ms() + self.max_future_ms
+        ahead = fr.ts > horizon
+        if not ahead.any():
+            return fr
+        self.stats.future_samples += int(np.count_nonzero(~np.isnan(fr.values[ahead])))
+        now = time.monotonic()
+        if now - self._future_logged.get(fr.agent, -_FUTURE_LOG_EVERY_S) >= \
+                _FUTURE_LOG_EVERY_S:
+            if len(self._future_logged) > 10_000:
+                self._future_logged.clear()
+            self._future_logged[fr.agent] = now
+            log.warning("agent %s (%s) stamps samples %.0f s ahead of this aggregator's clock "
+                        "(more than max_future_ms=%d): not rolled up, counted in "
+                        "fleetpulse_aggregator_future_samples_total", fr.agent,
+                        fr.identity.node, (int(fr.ts.max()) - horizon + self.max_future_ms)
+                        / 1000, self.max_future_ms)
+        keep = ~ahead
+        return dataclasses.replace(fr, ts=fr.ts[keep], values=fr.values[keep])
 
     def _seed(self, deadline: float) -> None:
         """Let coarse tiers that are reading back windows from the store advance a little."""

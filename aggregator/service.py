@@ -32,7 +32,9 @@ from prometheus_client.registry import Collector
 
 from aggregator.checkpoint import PartitionCheckpoint, load_checkpoint, save_checkpoint
 from aggregator.config import AggregatorConfig
+from aggregator.disk_health import DiskHealth
 from aggregator.http_api import add_query_routes, build_query_app
+from aggregator.http_errors import JsonErrorRunner
 from aggregator.query_engine import QueryEngine, QueryLimits
 from aggregator.rack_stage import RackStage
 from aggregator.row_stage import RowStage
@@ -122,15 +124,18 @@ class AggregatorService:
         self.index = EntityIndex(data / "entities.jsonl")
         self.transport = transport or open_transport(cfg.transport)
         self.rack = RackStage(self.store, self.index, topic=self.topics.samples,
-                              lateness_ms=cfg.lateness_ms, raw=cfg.raw)
+                              lateness_ms=cfg.lateness_ms, raw=cfg.raw,
+                              max_future_ms=cfg.max_future_ms)
         self.row = RowStage(self.store, self.index, topic=self.topics.rollups,
                             lateness_ms=cfg.row_lateness_ms)
         self.engine = QueryEngine(self.store, self.index, QueryLimits(
-            cfg.max_points_per_series, cfg.max_series, cfg.lookback_ms), now_fn=self.data_time)
+            cfg.max_points_per_series, cfg.max_series, cfg.lookback_ms, cfg.max_samples),
+            now_fn=self.data_time)
         self.loops = [_Loop(self, self.rack, self.topics.samples, cfg.group_id)]
         if cfg.row_stage:
             self.loops.append(_Loop(self, self.row, self.topics.rollups, f"{cfg.group_id}-rows"))
         self.dead_letters = 0
+        self.disk = DiskHealth()
         self.rollups_published = 0
         self._pending: list[tuple[asyncio.Future[Any], bytes, bytes]] = []
         """Rollup sends not yet acknowledged: (future, value, key), re-sent on failure."""
@@ -155,7 +160,7 @@ class AggregatorService:
         if serve_http:
             app = build_query_app(self.engine, bearer_token=self.cfg.bearer_token)
             self.mount_metrics(app)
-            self._runner = web.AppRunner(app, access_log=None)
+            self._runner = JsonErrorRunner(app, access_log=None)
             await self._runner.setup()
             host, port = self.cfg.host_port
             site = web.TCPSite(self._runner, host, port)
@@ -237,8 +242,8 @@ class AggregatorService:
         if self._pending:
             pending, self._pending = self._pending, []
             await self._acknowledged(pending)
-        self.index.flush()
-        self.store.flush()
+        if not self.disk.flush(self.index, self.store):
+            return  # nothing new is durable: no checkpoint, no commit (see disk_health)
         # Owned partitions are read only now, after the await: while the acknowledgements
         # were awaited, a rebalance callback (it may run whenever the consumer is not
         # holding a batch) can have revoked some, and their state is gone from the stage.
@@ -339,6 +344,10 @@ class _Collector(Collector):
         late.add_metric(["rack"], st.late_samples)
         late.add_metric(["row"], s.row.late)
         yield late
+        yield CounterMetricFamily("fleetpulse_aggregator_future_samples",
+                                  "Samples stamped more than max_future_ms ahead of this "
+                                  "host's clock (an agent's clock jumped); not rolled up.",
+                                  value=st.future_samples)
         yield CounterMetricFamily("fleetpulse_aggregator_duplicate_frames",
                                   "Frames dropped as (agent, seq) duplicates.",
                                   value=st.duplicates)
@@ -356,6 +365,13 @@ class _Collector(Collector):
                                 "Partitions whose 1 min/1 h/1 d windows are still being read "
                                 "back from the store after an assignment.",
                                 value=s.rack.catching_up())
+        yield CounterMetricFamily("fleetpulse_aggregator_store_write_errors",
+                                  "Durability cycles whose flush the disk refused (full, "
+                                  "read-only); nothing was checkpointed or committed.",
+                                  value=s.disk.write_errors)
+        yield GaugeMetricFamily("fleetpulse_aggregator_store_writable",
+                                "0 while the store's disk refuses writes.",
+                                value=1.0 if s.disk.writable else 0.0)
         yield GaugeMetricFamily("fleetpulse_aggregator_store_bytes",
                                 "Bytes of the store's segment files.", value=s.store_bytes())
         yield GaugeMetricFamily("fleetpulse_aggregator_entities",

@@ -113,6 +113,12 @@ class Stats:
         self.registry.register(_StatsCollector(self))
 
 
+def _reason(what: str, exc: DecodeError) -> str:
+    """A dead letter's reason names the record it failed to decode (as the aggregator's)."""
+    text = str(exc)
+    return text if text.startswith(what) else f"{what}: {text}"
+
+
 class _StatsCollector:
     def __init__(self, stats: Stats) -> None:
         self.stats = stats
@@ -343,7 +349,7 @@ class DetectorService:
             try:
                 frame = decode_frame(msg.value)
             except DecodeError as exc:
-                await self._dead_letter(msg, str(exc))
+                await self._dead_letter(msg, _reason("sample frame", exc))
             self._batches.setdefault(msg.partition, []).append((msg.offset, frame))
             self._batch_since.setdefault(msg.partition, time.monotonic())
             return []
@@ -352,7 +358,7 @@ class DetectorService:
             try:
                 event = EventRecord.from_bytes(msg.value)
             except DecodeError as exc:
-                await self._dead_letter(msg, str(exc))
+                await self._dead_letter(msg, _reason("event record", exc))
                 return []
             es = self.event_shards.get(msg.partition)
             if es is None:

@@ -45,6 +45,7 @@ from agent.fleet.live import AckTimer, LiveStats
 from agent.fleet.model import METRIC_IDS, METRICS
 from agent.publisher import AgentSequence, Publisher, new_agent_id
 from aggregator.config import AggregatorConfig
+from aggregator.http_errors import JsonErrorRunner
 from aggregator.service import AggregatorService
 from detector.config import DetectorConfig
 from detector.service import DetectorService
@@ -115,7 +116,8 @@ class DemoConfig:
     """Detector settings; its transport, state_dir and metrics_port are the demo's. A
     ``[detector]`` table in a file starts from DetectorConfig's own defaults, so name the
     demo's choices there too (config/demo.toml does)."""
-    aggregator: AggregatorConfig = field(default_factory=lambda: AggregatorConfig(fsync=False))
+    aggregator: AggregatorConfig = field(default_factory=lambda: AggregatorConfig(
+        fsync=False, max_future_ms=0))  # simulated time runs ahead of the clock
     """Aggregator settings; its transport, data_dir and listen are the demo's."""
 
     def validate(self) -> None:
@@ -555,7 +557,7 @@ async def run_demo(
     app = web.Application()
     aggregator.add_routes(app)
     page = add_web_routes(app, board, cfg.web)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=3.0)
+    runner = JsonErrorRunner(app, access_log=None, shutdown_timeout=3.0)
     await runner.setup()
     host, port = agg_cfg.host_port
     site = web.TCPSite(runner, host, port)

@@ -54,6 +54,7 @@ from aggregator.store.series_store import (
     SeriesStore,
     StoreConfig,
     StoreError,
+    StoreWriteError,
     TierSpec,
 )
 
@@ -64,6 +65,7 @@ __all__ = [
     "SeriesStore",
     "StoreConfig",
     "StoreError",
+    "StoreWriteError",
     "TierSpec",
     "reduce_buckets",
 ]

@@ -23,6 +23,7 @@ samples, then orders by time and keeps the last write per timestamp.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import os
@@ -209,6 +210,27 @@ class _HeadGroup:
         self.ts, self.values = ts, values
 
 
+_MAX_DEFERRED: Final = 16
+"""A chunk whose seal the disk refused may grow to this many chunks' worth in memory."""
+
+
+class StoreWriteError(StoreError, OSError):
+    """The disk refused a write (full, quota, read-only). Nothing torn stays behind: the
+    file was cut back to its last whole record, and the data is still in memory, so the
+    same flush may simply be tried again once there is space."""
+
+
+def _write_whole(fd: int, data: bytes, offset: int, path: Path) -> None:
+    """Append ``data`` at ``offset`` (the file's valid end) completely, or not at all."""
+    try:
+        written = os.write(fd, data)
+        if written != len(data):
+            raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
+    except OSError as exc:
+        os.ftruncate(fd, offset)  # shrinking needs no space
+        raise StoreWriteError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
 class SeriesStore:
     """Tiered, compressed, crash-safe storage of float64 series (see the package docstring)."""
 
@@ -232,6 +254,8 @@ class SeriesStore:
         """Per tier, the newest timestamp appended since open: the clock of maintain()."""
         self._maintained: dict[str, int] = {}
         self.truncated_bytes = 0
+        self.deferred_seals = 0
+        """Full chunks kept open because the disk refused their write (see _seal)."""
         """Bytes of torn tails cut off while opening (0 after a clean shutdown)."""
         try:
             for spec in config.tiers:
@@ -331,22 +355,34 @@ class SeriesStore:
             group.seg_start = seg
             i = a
             while i < b:
-                if group.n == group.ts.size:
-                    group.grow(min(cap, 2 * group.ts.size))
+                if group.n == group.ts.size:  # past cap only while a seal is deferred
+                    size = group.ts.size
+                    group.grow(min(cap, 2 * size) if size < cap else 2 * size)
                 m = min(group.ts.size - group.n, b - i)
                 group.ts[group.n:group.n + m] = t[i:i + m]
                 group.values[group.n:group.n + m] = v[i:i + m]
                 group.n += m
                 i += m
-                if group.n == cap:
-                    self._seal(tier, spec, group)
+                if group.n >= cap:
+                    self._seal(tier, spec, group, may_defer=True)
 
     def _chunk(self, spec: TierSpec) -> int:
         return min(spec.chunk_samples or self.config.chunk_samples, self.config.chunk_samples)
 
-    def _seal(self, tier: str, spec: TierSpec, group: _HeadGroup) -> None:
+    def _seal(self, tier: str, spec: TierSpec, group: _HeadGroup, *,
+              may_defer: bool = False) -> None:
+        """Write the open chunk as one sealed record. A full chunk whose write the disk
+        refuses stays open in memory (``may_defer``) and is sealed at a later append, up to
+        ``_MAX_DEFERRED`` chunks' worth; a chunk that must close at a segment boundary
+        cannot wait, and its error goes up (the aggregator restarts; Kafka replays)."""
         if group.n:
-            self._write(tier, spec, group, KIND_SEALED, 0, group.n)
+            try:
+                self._write(tier, spec, group, KIND_SEALED, 0, group.n)
+            except StoreWriteError:
+                if not may_defer or group.n >= _MAX_DEFERRED * self._chunk(spec):
+                    raise
+                self.deferred_seals += 1
+                return
         group.n = group.flushed = 0
 
     def _write(self, tier: str, spec: TierSpec, group: _HeadGroup, kind: int, a: int,
@@ -357,7 +393,7 @@ class SeriesStore:
                             int(group.ts[0]), blob)
         seg = self._segment_for_write(tier, spec, group.seg_start)
         offset = seg.size
-        os.write(seg.write_fd, rec)
+        _write_whole(seg.write_fd, rec, offset, seg.path)
         seg.size += len(rec)
         seg.dirty = True
         seg.indexed = False
@@ -370,7 +406,12 @@ class SeriesStore:
         if seg is None:
             path = self.root / tier / segment_name(start)
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.write(fd, write_file_header(start, spec.segment_ms))
+            try:
+                _write_whole(fd, write_file_header(start, spec.segment_ms), 0, path)
+            except StoreWriteError:
+                os.close(fd)  # a file without a whole header would not open again
+                path.unlink(missing_ok=True)
+                raise
             seg = _Segment(path, start, spec.segment_ms, size=FILE_HEADER.size, write_fd=fd)
             segs[start] = seg
             self._dirty_dirs.add(path.parent)

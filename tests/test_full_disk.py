@@ -1,0 +1,307 @@
+"""A full disk under the aggregator's store and under the agent's spool.
+
+The disk is a real, small tmpfs mounted for the test (no injected errors): a filler file
+takes its free space, and deleting the filler is "space returns". Each process must say
+so clearly (/metrics and log), keep doing what it can, leave no torn record in any file,
+and resume by itself once there is space again.
+
+Mounting needs root (CAP_SYS_ADMIN), which the project's test machines and CI have; a
+machine without it skips these tests and says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+from test_agent_kafka import AgentProcess, _consume, _until
+from test_agent_process import agent_env
+from test_aggregator_support import make_fleet, stored_points
+
+from agent.spool import Spool
+from aggregator.config import AggregatorConfig
+from aggregator.series_index import EntityIndex
+from aggregator.service import AggregatorService
+from aggregator.store import SeriesStore, StoreConfig, StoreWriteError
+from aggregator.store.segment import scan_segment
+from fleetpulse.config import TransportConfig
+from fleetpulse.transport import open_transport
+from schemas.frame import decode_frame
+from schemas.topics import Topics
+
+
+class SmallDisk:
+    """A tmpfs of ``size`` bytes at ``path``; ``fill()`` leaves ``keep`` bytes free."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path = path
+        path.mkdir(parents=True)
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755",
+                               "tmpfs", str(path)], capture_output=True, text=True,
+                              check=False)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.stdout}")
+        self.filler = path / "filler"
+
+    def free(self) -> int:
+        st = os.statvfs(self.path)
+        return st.f_bavail * st.f_frsize
+
+    def fill(self, keep: int = 0) -> None:
+        """Take all free space but ``keep`` bytes (writes until the disk says no)."""
+        with open(self.filler, "ab") as fh:
+            while (n := self.free() - keep) > 0:
+                try:
+                    fh.write(b"\0" * min(n, 1 << 20))
+                    fh.flush()
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC
+                    break
+
+    def release(self) -> None:
+        self.filler.unlink(missing_ok=True)
+
+    def unmount(self) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], check=False, capture_output=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[[int], SmallDisk]]:
+    disks: list[SmallDisk] = []
+
+    def make(size: int) -> SmallDisk:
+        disks.append(SmallDisk(tmp_path / f"disk{len(disks)}", size))
+        return disks[-1]
+
+    yield make
+    for d in disks:
+        d.unmount()
+
+
+def _segments_whole(root: Path) -> list[Path]:
+    """Every store segment file under ``root``; asserts none has a torn or bad record."""
+    files = sorted(root.rglob("*.fps"))
+    for f in files:
+        size = f.stat().st_size
+        records = scan_segment(f, truncate=False)[2]
+        end = records[-1].offset + records[-1].length if records else 32
+        assert end == size, f"{f}: valid records end at {end}, file is {size} bytes"
+    return files
+
+
+def test_store_on_a_full_disk_tears_nothing_loses_nothing_and_resumes(small_disk) -> None:
+    disk = small_disk(4 << 20)
+    store = SeriesStore(StoreConfig(path=str(disk.path / "store"), fsync=True))
+    rng = np.random.default_rng(1)
+    ids = np.arange(1, 65, dtype=np.int64)
+    sent_ts: list[np.ndarray] = []
+    sent_vals: list[np.ndarray] = []
+    t0 = 1_767_225_600_000
+
+    def append(i: int) -> None:
+        ts = t0 + 1000 * np.arange(i * 10, i * 10 + 10, dtype=np.int64)
+        vals = rng.normal(50, 10, (10, ids.size)).round(1)
+        store.append("raw", ids, ts, vals)
+        sent_ts.append(ts)
+        sent_vals.append(vals)
+
+    for i in range(30):
+        append(i)
+        store.flush()
+    disk.fill(keep=0)
+    refused = 0
+    for i in range(30, 90):  # 60 more flushes' worth: full chunks and partial records
+        append(i)
+        try:
+            store.flush()
+        except StoreWriteError as exc:
+            refused += 1
+            assert "No space left" in str(exc) or "short write" in str(exc)
+            _segments_whole(disk.path / "store")  # nothing torn, at any failure
+    assert refused > 0 and store.deferred_seals > 0
+    # still readable meanwhile: what is on disk plus the open chunks in memory
+    r = store.read("raw", ids, t0, t0 + 10**9)
+    assert r.counts.sum() == sum(v.size for v in sent_vals)
+    disk.release()
+    store.flush()  # resumes by itself: the same call, now with space
+    store.close()
+    _segments_whole(disk.path / "store")
+    reopened = SeriesStore(StoreConfig(path=str(disk.path / "store"), fsync=True))
+    try:
+        assert reopened.truncated_bytes == 0
+        r = reopened.read("raw", ids, t0, t0 + 10**9)
+        want_ts = np.concatenate(sent_ts)
+        want = np.concatenate(sent_vals)
+        for j in range(ids.size):
+            ts, vals = r.series(j)
+            assert np.array_equal(ts, want_ts) and np.array_equal(vals, want[:, j])
+    finally:
+        reopened.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+async def test_aggregator_on_a_full_disk_keeps_serving_and_catches_up(
+        kafka_bootstrap: str, unique_prefix: str, tmp_path: Path, small_disk,
+        caplog: pytest.LogCaptureFixture) -> None:
+    disk = small_disk(24 << 20)
+    topics = Topics(unique_prefix)
+    fl = make_fleet(n_racks=4, nodes_per_rack=2, gpus=4, seconds=240, partitions=2)
+    half = len(fl.frames) // 2
+
+    def config(data: Path, group: str) -> AggregatorConfig:
+        return AggregatorConfig(
+            transport=TransportConfig(bootstrap=kafka_bootstrap, topic_prefix=unique_prefix),
+            group_id=group, data_dir=str(data), listen="127.0.0.1:0", lateness_ms=5000,
+            commit_interval_ms=200, fsync=True, samples_partitions=2, rollups_partitions=2,
+            row_stage=False)
+
+    producer = open_transport(config(tmp_path, "x").transport)
+    await producer.start()
+    await producer.ensure_topics({topics.samples: 2, topics.rollups: 2, topics.deadletter: 1})
+    for data, key in zip(fl.frames[:half], fl.keys[:half], strict=True):
+        await producer.send(topics.samples, data, key=key)
+    await producer.flush()
+    caplog.set_level(logging.WARNING, logger="fleetpulse.aggregator")
+    svc = AggregatorService(config(disk.path / "agg", f"{unique_prefix}-full"))
+    await svc.start()
+    run = asyncio.create_task(svc.run())
+    url = f"http://127.0.0.1:{svc.port}"
+    query = {"query": 'fleetpulse_gpu_temperature_celsius{level="rack"}',
+             "start": str(fl.ts[0] / 1000), "end": str(fl.ts[-1] / 1000), "step": "10"}
+
+    async def until(pred: Callable[[], bool], what: str, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert time.monotonic() < deadline, (what, svc.rack.stats.frames,
+                                                 svc.disk.write_errors)
+            assert not run.done(), run.exception()
+            await asyncio.sleep(0.1)
+
+    try:
+        await until(lambda: svc.rack.stats.frames >= half, "first half")
+        disk.fill(keep=0)
+        for data, key in zip(fl.frames[half:], fl.keys[half:], strict=True):
+            await producer.send(topics.samples, data, key=key)
+        await producer.flush()
+        await until(lambda: svc.rack.stats.frames >= len(fl.frames) and
+                    svc.disk.write_errors >= 3, "second half, refused")
+        async with aiohttp.ClientSession() as s:
+            text = await (await s.get(url + "/metrics")).text()
+            assert "fleetpulse_aggregator_store_writable 0.0" in text
+            assert "fleetpulse_aggregator_store_write_errors_total" in text
+            r = await s.get(url + "/api/v1/query_range?" + urllib.parse.urlencode(query))
+            assert r.status == 200  # still serving
+        _segments_whole(disk.path / "agg" / "store")
+        logged = [r.getMessage() for r in caplog.records]
+        assert sum("refuses writes" in m for m in logged) == 1, logged  # once, not per cycle
+        errors_while_full = svc.disk.write_errors
+        disk.release()
+        await until(lambda: svc.disk.writable, "writable again")
+        assert any("takes writes again" in m for m in logged + [
+            r.getMessage() for r in caplog.records])
+        async with aiohttp.ClientSession() as s:
+            text = await (await s.get(url + "/metrics")).text()
+        assert "fleetpulse_aggregator_store_writable 1.0" in text
+        assert svc.disk.write_errors >= errors_while_full
+    finally:
+        svc.stop()
+        await run
+    assert not svc.failed
+    # the same stream on a disk that never filled up: the same points, bit for bit
+    ref = AggregatorService(config(tmp_path / "ref", f"{unique_prefix}-ref"))
+    await ref.start(serve_http=False)
+    ref_run = asyncio.create_task(ref.run())
+    deadline = time.monotonic() + 90
+    while ref.rack.stats.frames < len(fl.frames):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    ref.stop()
+    await ref_run
+    await producer.close()
+    got = _points(disk.path / "agg")
+    want = _points(tmp_path / "ref")
+    assert len(want) > 1000 and got == want
+
+
+def _points(data: Path) -> dict[tuple, bytes]:
+    store = SeriesStore(StoreConfig(path=str(data / "store"), fsync=False))
+    index = EntityIndex(data / "entities.jsonl")
+    try:
+        return dict(stored_points(store, index, ("raw", "10s")))
+    finally:
+        index.close()
+        store.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_agent_spool_on_a_full_disk_counts_what_it_loses_and_resumes(
+        kafka_broker_factory, unique_prefix: str, tmp_path: Path, small_disk) -> None:
+    disk = small_disk(8 << 20)
+    broker = kafka_broker_factory()
+    env = agent_env(
+        tmp_path,
+        FLEETPULSE_AGENT_SPOOL__DIRECTORY=str(disk.path / "spool"),
+        FLEETPULSE_AGENT_TRANSPORT__BOOTSTRAP=broker.bootstrap,
+        FLEETPULSE_AGENT_TRANSPORT__TOPIC_PREFIX=unique_prefix,
+        FLEETPULSE_AGENT_TRANSPORT__REQUEST_TIMEOUT_MS="2000",
+        FLEETPULSE_AGENT_PUBLISH__ACK_TIMEOUT_S="3",
+        FLEETPULSE_AGENT_PUBLISH__RETRY_MAX_S="1",
+        FLEETPULSE_AGENT_PUBLISH__CREATE_TOPICS="1",
+        FLEETPULSE_AGENT_SAMPLING__INTERVAL_S="0.1",
+        FLEETPULSE_AGENT_SAMPLING__TICKS_PER_FRAME="2",
+        FLEETPULSE_AGENT_SHUTDOWN_TIMEOUT_S="10")
+    agent = AgentProcess(env, tmp_path / "agent.log")
+    s = 'stream="samples"'
+    try:
+        agent.wait_started()
+        _until("frames sent", lambda: agent.metric(f"fleetpulse_agent_frames_sent_total{{{s}}}")
+               > 0, agent.log)
+        broker.stop()
+        _until("spooling", lambda: agent.metric(f"fleetpulse_agent_spool_frames{{{s}}}") > 5,
+               agent.log)
+        disk.fill(keep=0)
+        _until("spool writes refused", lambda: agent.metric(
+            f"fleetpulse_agent_spool_write_errors_total{{{s}}}") >= 5, agent.log)
+        assert agent.proc.poll() is None
+        assert "cannot write to the spool" in agent.log.read_text()
+        # each refused append loses its frame; a refused cursor write loses nothing
+        lost = agent.metric(f"fleetpulse_agent_frames_lost_total{{{s}}}")
+        assert 1 <= lost <= agent.metric(f"fleetpulse_agent_spool_write_errors_total{{{s}}}")
+        # nothing torn: a copy of the spool as it is now opens without a corrupt byte
+        copy = tmp_path / "spool-copy"
+        shutil.copytree(disk.path / "spool", copy)
+        for sub in sorted(p for p in copy.iterdir() if p.is_dir()) or [copy]:
+            with contextlib.closing(Spool(sub)) as sp:
+                assert sp.stats.corrupt_bytes == 0
+        disk.release()
+        spooled = agent.metric(f"fleetpulse_agent_spool_frames{{{s}}}")
+        _until("spooling again", lambda: agent.metric(f"fleetpulse_agent_spool_frames{{{s}}}")
+               > spooled + 5, agent.log)
+        lost_total = agent.metric(f"fleetpulse_agent_frames_lost_total{{{s}}}")
+        broker.start()
+        agent.wait_drained(120)
+        time.sleep(1)
+        assert agent.stop(signal.SIGTERM) == 0, agent.log.read_text()[-3000:]
+    finally:
+        agent.stop(signal.SIGKILL)
+    records = asyncio.run(_consume(broker.bootstrap, Topics(unique_prefix).samples))
+    seqs = [decode_frame(v).seq for _, v in sorted(records)]
+    assert len(seqs) == len(set(seqs)), "every delivered seq once"
+    assert seqs == sorted(seqs), "in order"
+    missing = set(range(seqs[-1] + 1)) - set(seqs)
+    assert len(missing) == lost_total, "exactly the frames counted as lost are missing"
