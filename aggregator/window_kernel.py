@@ -162,6 +162,8 @@ def warm_up() -> None:
     calls this before it joins.
     """
     from aggregator.step_kernels import sketch_quantiles, step_reduce
+    from aggregator.store.codec import warm_up as warm_codec
+    from aggregator.store.downsample import warm_up as warm_downsample
     from aggregator.tier_chain import warm_up as warm_tiers
 
     f = np.zeros((1, 1, 2))
@@ -180,3 +182,5 @@ def warm_up() -> None:
     step_reduce(z, np.zeros(2), np.asarray([0, 2]), 0, 1, 1, 1, 0)
     sketch_quantiles(z, np.ones(2), np.asarray([0, 2]), 10, 0, 10, 10, 1, 0.5, np.zeros(3))
     warm_tiers()
+    warm_codec()
+    warm_downsample()

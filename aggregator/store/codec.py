@@ -92,6 +92,7 @@ __all__ = [
     "encode_gorilla",
     "encode_group",
     "encode_groups",
+    "warm_up",
 ]
 
 VERSION: Final = 1
@@ -1245,3 +1246,23 @@ def column_layout(blob: bytes) -> tuple[int, list[int], list[int]]:
 def column_tags(blob: bytes) -> list[int]:
     """The encoding tag of each column of a chunk."""
     return column_layout(blob)[1]
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the kernels the store calls: seal and read.
+
+    Sealing a chunk is the first encode; in a fresh checkout that compiles for a minute on a
+    busy 2-core machine, and inside a consumer loop it got the aggregator expelled from its
+    group (issue 16). Values of every column kind (constant, scaled integers, decimals,
+    XOR) go through so that each kernel's signatures are compiled now, not at the first seal.
+    """
+    t = 1_000 * np.arange(16, dtype=np.int64)
+    ramp = np.arange(16, dtype=np.float64)
+    values = np.stack([np.zeros(16), ramp * 15e6, ramp * 0.37, np.sqrt(ramp + 0.5),
+                       np.full(16, np.nan)], axis=1)
+    blob = encode_group(t, values)
+    decode_group(blob)
+    decode_selected(np.frombuffer(blob, np.uint8), np.zeros(1, np.int64), np.asarray([len(blob)], np.int64),
+                    np.asarray([0, 2], np.int64), np.asarray([1, 3], np.int64))
+    buf, offsets = encode_groups(t.reshape(1, -1), values.reshape(1, 16, 5))
+    decode_groups(buf, offsets, 5, 16)
