@@ -841,7 +841,7 @@ def _skip_or_dec_column(buf: np.ndarray, words: np.ndarray, pos: int, end: int, 
 # ---------------------------------------------------------------------------- groups
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _enc_group(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, pos: int) -> int:
     # pragma: no cover - numba
     """Encode one group (cols is (k, T) float64) at ``pos``; returns the new position."""
@@ -869,7 +869,7 @@ def _enc_group(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, pos: int) -> i
     return pos
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _enc_groups(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, offsets: np.ndarray) -> None:
     # pragma: no cover - numba
     """ts (G, T), cols (G, k, T): every group into one buffer, offsets[G+1]."""
@@ -920,7 +920,7 @@ def _dec_group(buf: np.ndarray, words: np.ndarray, pos: int, end: int, which: np
     return pos
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _dec_groups(buf: np.ndarray, offsets: np.ndarray, ts_out: np.ndarray,
                 out: np.ndarray) -> int:  # pragma: no cover - numba
     """Decode G groups of equal shape: ts_out (G, T), out (G, k, T); returns 0 or -1-index."""
@@ -937,7 +937,7 @@ def _dec_groups(buf: np.ndarray, offsets: np.ndarray, ts_out: np.ndarray,
     return 0
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _sample_counts(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, colptr: np.ndarray,
                    cols: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
     """T of each blob, or -1 when its header is bad or its column selection is not strictly
@@ -963,7 +963,7 @@ def _fill_words(buf: np.ndarray, words: np.ndarray, a: int, b: int) -> None:
         words[j] = v
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _dec_selected(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, colptr: np.ndarray,
                   cols: np.ndarray, ts_off: np.ndarray, val_off: np.ndarray, ts_out: np.ndarray,
                   val_out: np.ndarray) -> int:  # pragma: no cover - numba
