@@ -169,10 +169,11 @@ class DetectorService:
     """Consumes, scores, alerts, checkpoints. ``run(stop)`` until ``stop`` is set.
 
     The event loop is never held for long: frames wait per partition (``batch_wait_s``,
-    ``batch_frames``) and are processed together, at most ``batch_frames`` at a time with
-    a yield to the loop after each, and a periodic checkpoint serialises each shard in a
-    thread while the other partitions go on (that partition's frames wait meanwhile), then
-    writes it in a thread. So heartbeats, rebalances and /metrics always get their turn.
+    ``batch_frames``) and are processed together, at most ``batch_frames`` at a time, each
+    such chunk in a thread, and a periodic checkpoint serialises each shard in a thread
+    while the other partitions go on (that partition's frames wait meanwhile; a lock per
+    shard keeps processing and serialising apart), then writes it in a thread. So
+    heartbeats, rebalances and /metrics always get their turn, however starved the CPU.
     """
 
     def __init__(self, config: DetectorConfig, transport: Transport,
@@ -204,6 +205,9 @@ class DetectorService:
         """Next offset to accept into a batch (messages below it were read already)."""
         self._busy: set[int] = set()
         """Partitions whose shard a background checkpoint is serialising."""
+        self._shard_locks: dict[int, asyncio.Lock] = {}
+        """Per samples partition: held while its shard is processed or serialised (both run
+        in threads), so the two never overlap."""
         self._checkpointer: asyncio.Task[None] | None = None
         self._behind_s: dict[int, float] = {}
         self._lag_alert: AlertRecord | None = None
@@ -399,12 +403,20 @@ class DetectorService:
             while batch and p not in self._busy:
                 chunk = batch[: cfg.batch_frames]
                 del batch[: cfg.batch_frames]
-                out.extend(self._process_chunk(p, chunk))
-                await asyncio.sleep(0)  # heartbeats, rebalances, a background checkpoint
+                # In a thread: a chunk is seconds of CPU on a starved machine, and the loop
+                # must go on sending heartbeats meanwhile (the GIL passes every few ms).
+                async with self._shard_lock(p):
+                    out.extend(await asyncio.to_thread(self._process_chunk, p, chunk))
             if not batch:
                 self._batches.pop(p, None)
                 self._batch_since.pop(p, None)
         return out
+
+    def _shard_lock(self, p: int) -> asyncio.Lock:
+        lock = self._shard_locks.get(p)
+        if lock is None:
+            lock = self._shard_locks[p] = asyncio.Lock()
+        return lock
 
     def _process_chunk(self, p: int, chunk: list[tuple[int, SampleFrame | None, int]]
                        ) -> list[AlertRecord]:
@@ -562,8 +574,7 @@ class DetectorService:
             tp = (self.topics.samples, p)
             if (only is not None and tp not in only) or tp not in self.next_offset:
                 continue
-            await self._save(p, shard, {"samples": self.next_offset[tp], **extra})
-            commit[tp] = self.next_offset[tp]
+            commit[tp] = await self._save(p, shard, extra)
         commit.update(await self._save_events(only))
         if commit:
             await self.consumer.commit_checkpointed(commit)
@@ -599,8 +610,7 @@ class DetectorService:
                 continue
             self._busy.add(p)
             try:
-                offset = self.next_offset[tp]
-                await self._save(p, shard, {"samples": offset, **extra})
+                offset = await self._save(p, shard, extra)
             finally:
                 self._busy.discard(p)
             if self.shards.get(p) is shard:  # still ours
@@ -622,9 +632,14 @@ class DetectorService:
         ends = await self.consumer.end_offsets(alert_tps) if alert_tps else {}
         return {f"alerts:{q}": off for (_, q), off in ends.items()}
 
-    async def _save(self, p: int, shard: DetectorShard, offsets: dict[str, int]) -> None:
-        data = await asyncio.to_thread(shard_bytes, shard, offsets)
+    async def _save(self, p: int, shard: DetectorShard, extra: dict[str, int]) -> int:
+        """Checkpoint partition ``p``; returns the samples offset it covers (read under the
+        shard's lock: a chunk being processed in its thread is either in it or after it)."""
+        async with self._shard_lock(p):
+            offset = self.next_offset[(self.topics.samples, p)]
+            data = await asyncio.to_thread(shard_bytes, shard, {"samples": offset, **extra})
         await asyncio.to_thread(atomic_write, checkpoint_path(self.state_dir, p), data)
+        return offset
 
     async def _save_events(self, only: frozenset[TopicPartition] | None
                            ) -> dict[TopicPartition, int]:
