@@ -9,6 +9,7 @@ import dataclasses
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -164,6 +165,18 @@ async def _send_frames(transport: Transport, topics: Topics, ts: np.ndarray,
     return sent
 
 
+async def _shedding_setup(tmp_path: Path) -> tuple[Any, Transport, Topics]:
+    """A config that sheds after 30 s and its started memory transport with the topics."""
+    config = dataclasses.replace(_config(tmp_path, f"det-{uuid.uuid4().hex}"),  # type: ignore[type-var]
+                                 shed_after_s=30.0)
+    transport = open_transport(config.transport)
+    await transport.start()
+    topics = Topics()
+    await transport.ensure_topics({topics.samples: 2, topics.events: 2, topics.alerts: 2,
+                                   topics.deadletter: 1})
+    return config, transport, topics
+
+
 class _Clock:
     """The service's wall clock, ``ahead`` seconds ahead of the real one: records sent
     now look as if they had waited that long in Kafka."""
@@ -181,13 +194,7 @@ async def test_behind_sheds_model_steps_alerts_and_resolves_when_caught_up(
     tick reaches the rules and every offset is consumed); one ``detector:lag`` alert opens,
     and resolves once the detector reads records as they arrive. Lag is the records' wait,
     not the samples' age: old samples sent now (a spool replay) shed nothing."""
-    name = f"det-{uuid.uuid4().hex}"
-    config = dataclasses.replace(_config(tmp_path, name), shed_after_s=30.0)  # type: ignore[type-var]
-    transport = open_transport(config.transport)
-    await transport.start()
-    topics = Topics()
-    await transport.ensure_topics({topics.samples: 2, topics.events: 2, topics.alerts: 2,
-                                   topics.deadletter: 1})
+    config, transport, topics = await _shedding_setup(tmp_path)
     now = int(time.time() * 1000)
     data = healthy(70, 8, seed=5)
     data[20, 3, COL["xid"]] = 79.0  # in the shed part
@@ -236,13 +243,7 @@ async def test_an_open_lag_alert_survives_a_restart_once(tmp_path: Path) -> None
     """The ``detector:lag`` alert open when the detector stops is still open after it
     restarts: not opened a second time while it is still behind, and resolved (same id)
     once it has caught up."""
-    name = f"det-{uuid.uuid4().hex}"
-    config = dataclasses.replace(_config(tmp_path, name), shed_after_s=30.0)  # type: ignore[type-var]
-    transport = open_transport(config.transport)
-    await transport.start()
-    topics = Topics()
-    await transport.ensure_topics({topics.samples: 2, topics.events: 2, topics.alerts: 2,
-                                   topics.deadletter: 1})
+    config, transport, topics = await _shedding_setup(tmp_path)
     now = int(time.time() * 1000)
     data = healthy(40, 8, seed=6)
     sent = 0
