@@ -427,6 +427,7 @@ class DetectorService:
         blocks: list[TickBlock] = []
         now_ms = self.clock() * 1000.0
         late_ms = now_ms - cfg.shed_after_s * 1000.0
+        step_ms = round(cfg.model.step_s * 1000)
         shed_before: int | None = None
         oldest_record = min(r for _, _, r in chunk)
         for _, frame, record_ms in chunk:
@@ -439,8 +440,10 @@ class DetectorService:
             if block is not None:
                 blocks.append(block)
                 if cfg.shed_after_s > 0 and record_ms < late_ms:
-                    # waited too long in Kafka: shed the model steps up to its newest tick
-                    end = int(block.ts_ms[-1]) + 1
+                    # Waited too long in Kafka: shed the model steps of its ticks. A step is
+                    # stamped at its end ((k + 1) * step_ms), so the step holding the newest
+                    # tick t is stamped <= t + step_ms, and the next one later than that.
+                    end = int(block.ts_ms[-1]) + step_ms + 1
                     shed_before = end if shed_before is None else max(shed_before, end)
         steps, skipped = shard.gpu_steps, shard.skipped_steps
         out = shard.process_blocks(blocks, shed_before_ms=shed_before)
