@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import numpy as np
 import orjson
@@ -33,10 +33,16 @@ from aggregator.http_errors import api_error_middleware, error_response
 from aggregator.promql import PromQLError
 from aggregator.query_engine import QueryEngine, QueryError, SeriesResult
 
-__all__ = ["ENGINE_KEY", "MAX_BODY", "MAX_QUERY_CHARS", "add_query_routes", "build_query_app",
-           "openapi_document"]
+__all__ = ["ENGINE_KEY", "MAX_BODY", "MAX_QUERY_CHARS", "Runner", "add_query_routes",
+           "build_query_app", "openapi_document"]
+
+T = TypeVar("T")
+Runner = Callable[[Callable[[], Any]], Awaitable[Any]]
+"""Runs one engine call where the store may be read: the aggregator passes its store thread
+(the store is single-threaded and its stages write it there); inline when not given."""
 
 ENGINE_KEY: Final = web.AppKey("fleetpulse_query_engine", QueryEngine)
+_RUN_KEY: Final = web.AppKey("fleetpulse_query_runner", object)
 _DURATION = re.compile(r"(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?"
                        r"(?:(\d+)s)?(?:(\d+)ms)?")
 _DUR_MS: Final = (365 * 86_400_000, 7 * 86_400_000, 86_400_000, 3_600_000, 60_000, 1000, 1)
@@ -162,6 +168,17 @@ def _promql(text: str, name: str) -> str:
 Handler = Callable[[web.Request, QueryEngine, dict[str, list[str]]], Awaitable[web.Response]]
 
 
+async def _inline(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+async def _engine(request: web.Request, fn: Callable[[], T]) -> T:
+    """``fn()`` (an engine call) on the app's runner."""
+    run: Runner = request.app.get(_RUN_KEY, _inline)  # type: ignore[assignment]
+    result: T = await run(fn)
+    return result
+
+
 def _wrap(fn: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handler(request: web.Request) -> web.Response:
         engine = request.app[ENGINE_KEY]
@@ -185,7 +202,8 @@ async def _query_range(request: web.Request, engine: QueryEngine,
     start = parse_time(_one(params, "start"), "start")
     end = parse_time(_one(params, "end"), "end")
     step = parse_duration(_one(params, "step"), "step")
-    res = engine.query_range(query, start, end, step, params.get("resolution", [None])[-1])
+    res = await _engine(request, lambda: engine.query_range(
+        query, start, end, step, params.get("resolution", [None])[-1]))
     return _result("matrix", _matrix(res, start, step))
 
 
@@ -197,7 +215,8 @@ async def _query(request: web.Request, engine: QueryEngine,
     if scalar:
         v = float(scalar.group(1)) + float(scalar.group(2) or 0.0)
         return _ok({"resultType": "scalar", "result": [t / 1000.0, _fmt(v)]})
-    res = engine.query_instant(query, t, params.get("resolution", [None])[-1])
+    res = await _engine(request, lambda: engine.query_instant(
+        query, t, params.get("resolution", [None])[-1]))
     stamp = b',"value":[' + orjson.dumps(t / 1000.0) + b',"'
     vec = [b'{"metric":' + lab + stamp + _fmt(v).encode() + b'"]}'
            for lab, v in zip(_label_json(res), res.values[:, 0].tolist(), strict=True)
@@ -210,12 +229,13 @@ async def _series(request: web.Request, engine: QueryEngine,
     match = params.get("match[]")
     if not match:
         raise _BadRequest("no match[] parameter provided")
-    return _ok(engine.series([_promql(m, "match[]") for m in match]))
+    selectors = [_promql(m, "match[]") for m in match]
+    return _ok(await _engine(request, lambda: engine.series(selectors)))
 
 
 async def _labels(request: web.Request, engine: QueryEngine,
                   params: dict[str, list[str]]) -> web.Response:
-    return _ok(engine.label_names())
+    return _ok(await _engine(request, engine.label_names))
 
 
 async def _label_values(request: web.Request, engine: QueryEngine,
@@ -223,7 +243,7 @@ async def _label_values(request: web.Request, engine: QueryEngine,
     name = request.match_info["name"]
     if re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name) is None:
         raise _BadRequest(f"invalid label name: {name!r:.60}")
-    return _ok(engine.label_values(name))
+    return _ok(await _engine(request, lambda: engine.label_values(name)))
 
 
 async def _buildinfo(request: web.Request, engine: QueryEngine,
@@ -263,13 +283,17 @@ def _auth_middleware(token: str) -> Any:
     return auth
 
 
-def add_query_routes(app: web.Application, engine: QueryEngine) -> None:
-    """Mount the Prometheus-compatible routes (GET and form POST) on ``app``.
+def add_query_routes(app: web.Application, engine: QueryEngine,
+                     run: Runner | None = None) -> None:
+    """Mount the Prometheus-compatible routes (GET and form POST) on ``app``; engine calls
+    go through ``run`` when given (see :data:`Runner`).
 
     Also puts :func:`~aggregator.http_errors.api_error_middleware` on ``app`` (once), so
     aiohttp's own errors under ``/api/`` come in the same JSON shape.
     """
     app[ENGINE_KEY] = engine
+    if run is not None:
+        app[_RUN_KEY] = run
     if api_error_middleware not in app.middlewares:
         app.middlewares.append(api_error_middleware)
     for path, fn in (("/api/v1/query_range", _query_range), ("/api/v1/query", _query),
@@ -284,11 +308,12 @@ def add_query_routes(app: web.Application, engine: QueryEngine) -> None:
     app.router.add_get("/api/v1/openapi.json", _openapi)
 
 
-def build_query_app(engine: QueryEngine, *, bearer_token: str = "") -> web.Application:
+def build_query_app(engine: QueryEngine, *, bearer_token: str = "",
+                    run: Runner | None = None) -> web.Application:
     """A new Application with the query routes; protect ``/api/`` with a token if given."""
     app = web.Application(middlewares=[_auth_middleware(bearer_token)] if bearer_token else [],
                           client_max_size=MAX_BODY)
-    add_query_routes(app, engine)
+    add_query_routes(app, engine, run)
     return app
 
 

@@ -11,19 +11,28 @@ A kill -9 anywhere in between leaves a committed offset no newer than the durabl
 a checkpoint no newer than that offset's replay needs; replaying rewrites identical values
 (the store's last write wins), so the rollups come out bit for bit the same.
 
-Everything runs on one event loop; the store is single-threaded and queries read it
-between batches.
+Two threads (issue 16): the event loop does only Kafka and HTTP I/O (fetches, heartbeats,
+sends, commits, requests); everything that touches the stages, the store or the entity
+index -- folding a batch, closing windows, flush and fsync, checkpoints, rebalance
+bookkeeping, retention, queries and the gauges of /metrics -- runs on one store thread, one
+call at a time in submission order (the store is single-threaded). A big batch, a flush of
+millions of points or a starved CPU then delays consumption, never the heartbeats: the GIL
+passes to the loop every few milliseconds, so the member stays in its group. The steps of
+the cycle above keep their order: each loop awaits its own store calls, and a flush, the
+checkpoints it covers and nothing else run as one store call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
@@ -55,6 +64,7 @@ from schemas.topics import Topics
 __all__ = ["AggregatorService"]
 
 log = logging.getLogger("fleetpulse.aggregator")
+T = TypeVar("T")
 
 
 class _Stage(Protocol):
@@ -91,9 +101,12 @@ class _Loop:
         except TransportError as exc:
             log.warning("could not commit %s before giving them up: %s", sorted(mine), exc)
         finally:
-            for p in mine:
-                self.stage.revoke(p)
-                self.owned.discard(p)
+            self.owned.difference_update(mine)
+            await self.service.in_store(self._revoke, sorted(mine))
+
+    def _revoke(self, partitions: list[int]) -> None:
+        for p in partitions:
+            self.stage.revoke(p)
 
     async def on_assigned(self, assigned: frozenset[TopicPartition]) -> None:
         """Restore each partition's checkpoint; no seek is needed.
@@ -104,11 +117,13 @@ class _Loop:
         whose effects are all in closed, stored windows). Calling the consumer from here
         is avoided on purpose: the callback may run while the consumer is still starting.
         """
-        for t, p in sorted(assigned):
-            if t != self.topic:
-                continue
-            self.stage.assign(p, load_checkpoint(self.service.state_dir, t, p))
-            self.owned.add(p)
+        mine = sorted(p for t, p in assigned if t == self.topic)
+        await self.service.in_store(self._assign, mine)
+        self.owned.update(mine)
+
+    def _assign(self, partitions: list[int]) -> None:
+        for p in partitions:
+            self.stage.assign(p, load_checkpoint(self.service.state_dir, self.topic, p))
 
 
 class AggregatorService:
@@ -145,6 +160,10 @@ class AggregatorService:
         self.failed = False
         """Set when a consumer loop died; the command then exits with status 1."""
         self._retention_at = time.monotonic()
+        self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="aggregator-store")
+        """Where the stages, the store and the index are used (module docstring)."""
+        self.gauges: dict[str, Any] = {}
+        """What /metrics shows of the stages and the store, as of the last scrape's refresh."""
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self, serve_http: bool = True) -> None:
@@ -158,7 +177,8 @@ class AggregatorService:
         for loop in self.loops:
             loop.consumer = self.transport.consumer([loop.topic], loop.group, listener=loop)
         if serve_http:
-            app = build_query_app(self.engine, bearer_token=self.cfg.bearer_token)
+            app = build_query_app(self.engine, bearer_token=self.cfg.bearer_token,
+                                  run=self.in_store)
             self.mount_metrics(app)
             self._runner = JsonErrorRunner(app, access_log=None)
             await self._runner.setup()
@@ -172,14 +192,30 @@ class AggregatorService:
     def stop(self) -> None:
         self._stop.set()
 
+    async def in_store(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the store thread (module docstring), awaited.
+
+        Once submitted the call runs to its end even if the awaiting task is cancelled, and
+        calls run in submission order, so no two of them ever overlap.
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._store_thread, functools.partial(fn, *args))
+
     async def run(self) -> None:
-        """Consume until :meth:`stop`; then make everything durable and leave the groups."""
+        """Consume until :meth:`stop`; then make everything durable and leave the groups.
+
+        The consumer loops stop between turns, not by cancellation: a turn cancelled after
+        its batch was folded but before its rollups were sent would be checkpointed by the
+        final cycle below with those rollups never published.
+        """
         tasks = [asyncio.create_task(self._consume(loop)) for loop in self.loops]
         stopper = asyncio.create_task(self._stop.wait())
         try:
             done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            self._stop.set()
+            done |= set((await asyncio.wait(tasks))[0]) if tasks else set()
             for t in done:
-                if t is not stopper and t.exception() is not None:
+                if t is not stopper and not t.cancelled() and t.exception() is not None:
                     # A consumer loop died (e.g. the broker refused a commit for too long).
                     # Exit non-zero: Kafka is the write-ahead log, a restart resumes exactly.
                     log.error("consumer loop failed: %r", t.exception())
@@ -203,14 +239,15 @@ class AggregatorService:
             await self._runner.cleanup()
             self._runner = None
         await self.transport.close()
-        self.index.close()
-        self.store.close()
+        await self.in_store(self.index.close)
+        await self.in_store(self.store.close)
+        self._store_thread.shutdown(wait=True)
 
     async def _consume(self, loop: _Loop) -> None:
         assert loop.consumer is not None
         last = time.monotonic()
         interval = self.cfg.commit_interval_ms / 1000.0
-        while True:
+        while not self._stop.is_set():
             msgs = await loop.consumer.getmany(timeout_ms=200, max_records=self.cfg.max_batch)
             if msgs:
                 await self.handle(loop, msgs)
@@ -220,21 +257,31 @@ class AggregatorService:
                 last = time.monotonic()
                 if loop.stage is self.rack and last - self._retention_at > 60.0:
                     self._retention_at = last
-                    now = self.data_time()
-                    if now is not None:
-                        self.store.enforce_retention(now)
+                    await self.in_store(self._enforce_retention)
+
+    def _enforce_retention(self) -> None:
+        now = self.data_time()
+        if now is not None:
+            self.store.enforce_retention(now)
 
     async def handle(self, loop: _Loop, msgs: list[Message]) -> None:
-        dead, rollups = loop.stage.process(msgs)
+        """Fold a batch on the store thread, then dead-letter and publish what it gave."""
+        dead, rollups = await self.in_store(self._process, loop.stage, msgs)
         for msg, reason in dead:
             await self.transport.dead_letter(self.topics.deadletter, msg, reason)
             self.dead_letters += 1
-        for fr in rollups:
-            key = (fr.row if fr.level == "rack" else fr.cluster).encode()
-            value = encode_rollup(fr)
+        for key, value in rollups:
             fut = await self.transport.send(self.topics.rollups, value, key=key)
             self._pending.append((fut, value, key))
             self.rollups_published += 1
+
+    @staticmethod
+    def _process(stage: _Stage, msgs: list[Message]
+                 ) -> tuple[list[tuple[Message, str]], list[tuple[bytes, bytes]]]:
+        """(Store thread) the stage's batch, its rollups encoded as (key, value)."""
+        dead, rollups = stage.process(msgs)
+        return dead, [((fr.row if fr.level == "rack" else fr.cluster).encode(),
+                       encode_rollup(fr)) for fr in rollups]
 
     async def durable(self, loop: _Loop, partitions: Iterable[int]) -> None:
         """Steps 1-4 of the module docstring for ``partitions`` of ``loop``."""
@@ -242,20 +289,30 @@ class AggregatorService:
         if self._pending:
             pending, self._pending = self._pending, []
             await self._acknowledged(pending)
-        if not self.disk.flush(self.index, self.store):
-            return  # nothing new is durable: no checkpoint, no commit (see disk_health)
         # Owned partitions are read only now, after the await: while the acknowledgements
         # were awaited, a rebalance callback (it may run whenever the consumer is not
         # holding a batch) can have revoked some, and their state is gone from the stage.
+        # A revocation after this point is queued on the store thread behind this cycle.
         parts = sorted(p for p in wanted if p in loop.owned)
-        if not parts or loop.consumer is None:
-            return
+        offsets = await self.in_store(self._flush_and_checkpoint, loop,
+                                      parts if loop.consumer is not None else [])
+        if offsets and loop.consumer is not None:
+            await loop.consumer.commit_checkpointed(offsets)
+
+    def _flush_and_checkpoint(self, loop: _Loop, parts: list[int]
+                              ) -> dict[TopicPartition, int]:
+        """(Store thread) steps 2 and 3: index and store durable, then the checkpoints.
+
+        Nothing is checkpointed (and so nothing committed) when the disk refused the flush
+        (see ``disk_health``)."""
+        if not self.disk.flush(self.index, self.store):
+            return {}
         offsets: dict[TopicPartition, int] = {}
         for p in parts:
             ckpt = loop.stage.checkpoint(p)
             save_checkpoint(self.state_dir, ckpt)
             offsets[(loop.topic, p)] = ckpt.resume_offset
-        await loop.consumer.commit_checkpointed(offsets)
+        return offsets
 
     async def _acknowledged(self, pending: list[tuple[asyncio.Future[Any], bytes, bytes]],
                             attempts: int = 5) -> None:
@@ -279,6 +336,13 @@ class AggregatorService:
             pending = [(await self.transport.send(self.topics.rollups, v, key=k), v, k)
                        for (_, v, k), _ in failed]
 
+    async def behind(self) -> int:
+        """Messages behind the partitions' ends, every loop, measured now (``lag`` is only
+        refreshed every commit interval): what a caller waiting for a drain needs."""
+        for loop in self.loops:
+            await self._update_lag(loop)
+        return sum(loop.lag for loop in self.loops)
+
     async def _update_lag(self, loop: _Loop) -> None:
         if loop.consumer is None or not loop.owned:
             loop.lag = 0
@@ -289,8 +353,9 @@ class AggregatorService:
         except Exception:  # lag is best effort; a broker hiccup must not stop ingestion
             return
         parts = getattr(loop.stage, "parts", {})
-        loop.lag = sum(max(0, ends.get(tp, 0) - parts[tp[1]].position)
-                       for tp in tps if tp[1] in parts)
+        positions = {p: getattr(parts.get(p), "position", None) for _, p in tps}
+        loop.lag = sum(max(0, ends.get(tp, 0) - pos)
+                       for tp in tps if (pos := positions[tp[1]]) is not None)
 
     def data_time(self) -> int | None:
         """Newest sample time seen (ms), the clock that tier retention is measured on."""
@@ -302,18 +367,25 @@ class AggregatorService:
         root = Path(self.cfg.data_dir) / "store"
         return sum(f.stat().st_size for f in root.rglob("*.fps") if f.is_file())
 
+    def _read_gauges(self) -> dict[str, Any]:
+        """(Store thread) the gauges that walk the stages' and the store's state."""
+        return {"open": [loop.stage.open_windows() for loop in self.loops],
+                "catching_up": self.rack.catching_up(), "store_bytes": self.store_bytes(),
+                "entities": len(self.index)}
+
     def mount_metrics(self, app: web.Application) -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(self))
 
         async def metrics(request: web.Request) -> web.Response:
+            self.gauges = await self.in_store(self._read_gauges)
             return web.Response(body=generate_latest(registry),
                                 headers={"Content-Type": "text/plain; version=0.0.4"})
         app.router.add_get("/metrics", metrics)
 
     def add_routes(self, app: web.Application) -> None:
         """Mount the query API and /metrics on another application (e.g. the web page's)."""
-        add_query_routes(app, self.engine)
+        add_query_routes(app, self.engine, run=self.in_store)
         self.mount_metrics(app)
 
 
@@ -330,10 +402,11 @@ class _Collector(Collector):
                                    "Windows waiting for their watermark.", labels=["stage"])
         owned = GaugeMetricFamily("fleetpulse_aggregator_partitions",
                                   "Partitions this instance owns.", labels=["stage"])
-        for loop in s.loops:
+        g = s.gauges
+        for i, loop in enumerate(s.loops):
             name = "rack" if loop.stage is s.rack else "row"
             lag.add_metric([name], loop.lag)
-            opened.add_metric([name], loop.stage.open_windows())
+            opened.add_metric([name], g["open"][i] if g else 0)
             owned.add_metric([name], len(loop.owned))
         yield lag
         yield opened
@@ -364,7 +437,7 @@ class _Collector(Collector):
         yield GaugeMetricFamily("fleetpulse_aggregator_tiers_catching_up",
                                 "Partitions whose 1 min/1 h/1 d windows are still being read "
                                 "back from the store after an assignment.",
-                                value=s.rack.catching_up())
+                                value=g.get("catching_up", 0))
         yield CounterMetricFamily("fleetpulse_aggregator_store_write_errors",
                                   "Durability cycles whose flush the disk refused (full, "
                                   "read-only); nothing was checkpointed or committed.",
@@ -373,7 +446,8 @@ class _Collector(Collector):
                                 "0 while the store's disk refuses writes.",
                                 value=1.0 if s.disk.writable else 0.0)
         yield GaugeMetricFamily("fleetpulse_aggregator_store_bytes",
-                                "Bytes of the store's segment files.", value=s.store_bytes())
+                                "Bytes of the store's segment files.",
+                                value=g.get("store_bytes", 0))
         yield GaugeMetricFamily("fleetpulse_aggregator_entities",
                                 "GPUs, nodes, racks, rows and clusters known.",
-                                value=len(s.index))
+                                value=g.get("entities", 0))

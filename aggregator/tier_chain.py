@@ -150,7 +150,7 @@ def _merge(a: float, v: float, op: int) -> float:  # pragma: no cover - numba
     return v  # last
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _fold_dense(acc: F64, have: npt.NDArray[np.bool_], pos: I64, vals: F64,
                 ops: npt.NDArray[np.int8]) -> None:  # pragma: no cover - numba
     """Fold one window's values (series ``i`` at ``acc[pos[i]]``) into the accumulator."""
@@ -166,7 +166,7 @@ def _fold_dense(acc: F64, have: npt.NDArray[np.bool_], pos: I64, vals: F64,
             have[p] = True
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _fold_stored(acc: F64, have: npt.NDArray[np.bool_], first: int, offsets: I64, ts: I64,
                  vals: F64, ops: npt.NDArray[np.int8], lo: int, hi: int
                  ) -> bool:  # pragma: no cover - numba

@@ -24,7 +24,7 @@ AGG_ARRAYS = ("cnt", "sum", "min", "max", "last", "last_ts", "sumsq", "first", "
 """The per-window arrays, in the order the kernels take them (last_ts is int64)."""
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def accumulate(values, v_off, t_off, tick_pool, tick_ts, g_off, gslots, m_off, mcols,
                cnt, sm, mn, mx, last, last_ts, sq, first, inc,
                sketch_col, rack_of, n_racks, codes):  # pragma: no cover - numba
@@ -91,7 +91,7 @@ def accumulate(values, v_off, t_off, tick_pool, tick_ts, g_off, gslots, m_off, m
     return n
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def apply_counter_boundary(cnt, first, last, inc, closed_last, counter_col):
     """Add the step from the previous closed window's last value to this window's first.
 
@@ -110,7 +110,7 @@ def apply_counter_boundary(cnt, first, last, inc, closed_last, counter_col):
             closed_last[i, c] = last[i, c]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def reduce_rows(order, parent, n_parent, cnt, sm, mn, mx, last, last_ts, sq, inc):
     """Merge child rows into parent rows, walking children in ``order``.
 
@@ -162,6 +162,8 @@ def warm_up() -> None:
     calls this before it joins.
     """
     from aggregator.step_kernels import sketch_quantiles, step_reduce
+    from aggregator.store.codec import warm_up as warm_codec
+    from aggregator.store.downsample import warm_up as warm_downsample
     from aggregator.tier_chain import warm_up as warm_tiers
 
     f = np.zeros((1, 1, 2))
@@ -180,3 +182,5 @@ def warm_up() -> None:
     step_reduce(z, np.zeros(2), np.asarray([0, 2]), 0, 1, 1, 1, 0)
     sketch_quantiles(z, np.ones(2), np.asarray([0, 2]), 10, 0, 10, 10, 1, 0.5, np.zeros(3))
     warm_tiers()
+    warm_codec()
+    warm_downsample()

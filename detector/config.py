@@ -246,11 +246,13 @@ class DetectorConfig:
     """A partition's frames wait at most this long for others to be processed with (the
     latency this adds to every alert)."""
     shed_after_s: float = 30.0
-    """Load shedding: model steps of data older than this (this machine's clock minus the
-    samples' time) are skipped, so a detector that fell behind catches up instead of
-    falling further behind; the rules still see every tick, offsets are committed as
-    usual, skipped steps are counted, and a ``detector:lag`` alert is open while it lasts
-    (resolved once every partition is back within half this). 0 never sheds."""
+    """Load shedding: model steps of records that waited in Kafka longer than this (this
+    machine's clock minus the record's timestamp; not the samples' own time, which a spool
+    replay or a node's wrong clock makes old) are skipped, so a detector that fell behind
+    catches up instead of falling further behind; the rules still see every tick, offsets
+    are committed as usual, skipped steps are counted, and a ``detector:lag`` alert is open
+    while it lasts (kept across restarts; resolved once every partition is back within half
+    this). 0 never sheds."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The per-GPU forests."""
     rack: RackModelConfig = field(default_factory=RackModelConfig)

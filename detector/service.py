@@ -16,6 +16,14 @@ reads the alert records published since then and suppresses exactly those (id, s
 when the replay produces them. An alert that was open stays open, once.
 
 Undecodable messages go to the dead-letter topic with the reason and are counted.
+
+Behind means what an operator means by it: how long the records being read now have waited
+in Kafka (this machine's clock minus each record's timestamp, which the producer sets when
+it sends), not how old their samples are. An agent replaying its disk spool after an outage
+sends hours-old samples, and a node whose clock is off stamps them so, yet a detector
+reading them as they arrive is not behind. ``shed_after_s`` and ``detector:lag`` are judged
+this way; the open ``detector:lag`` alert is kept in ``state_dir`` (written before it is
+published), so a restart neither forgets to resolve it nor opens a second one.
 """
 
 from __future__ import annotations
@@ -60,6 +68,8 @@ __all__ = ["LAG_SOURCE", "DetectorService", "frame_block", "process_frame"]
 
 LAG_SOURCE = "detector:lag"
 """Source of the alert that says the detector is behind (model steps being shed)."""
+_LAG_FILE = "lag-alert.json"
+"""The open ``detector:lag`` alert in ``state_dir`` (empty file: none open)."""
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +162,8 @@ class _StatsCollector:
         yield dead
         yield GaugeMetricFamily(p + "models", "GPU models held.", value=s.models)
         yield GaugeMetricFamily(p + "behind_seconds",
-                                "Age of the newest sample processed, worst partition.",
+                                "How long the newest record processed had waited in Kafka, "
+                                "worst partition (0 once a partition is read to its end).",
                                 value=s.behind_s)
         yield GaugeMetricFamily(p + "consumer_lag_messages",
                                 "Samples messages behind the partitions' ends.",
@@ -164,10 +175,11 @@ class DetectorService:
     """Consumes, scores, alerts, checkpoints. ``run(stop)`` until ``stop`` is set.
 
     The event loop is never held for long: frames wait per partition (``batch_wait_s``,
-    ``batch_frames``) and are processed together, at most ``batch_frames`` at a time with
-    a yield to the loop after each, and a periodic checkpoint serialises each shard in a
-    thread while the other partitions go on (that partition's frames wait meanwhile), then
-    writes it in a thread. So heartbeats, rebalances and /metrics always get their turn.
+    ``batch_frames``) and are processed together, at most ``batch_frames`` at a time, each
+    such chunk in a thread, and a periodic checkpoint serialises each shard in a thread
+    while the other partitions go on (that partition's frames wait meanwhile; a lock per
+    shard keeps processing and serialising apart), then writes it in a thread. So
+    heartbeats, rebalances and /metrics always get their turn, however starved the CPU.
     """
 
     def __init__(self, config: DetectorConfig, transport: Transport,
@@ -190,14 +202,18 @@ class DetectorService:
         self._pending: list[asyncio.Future[RecordMeta]] = []
         self._last_checkpoint = time.monotonic()
         self._alert_partitions = 0
-        self._batches: dict[int, list[tuple[int, SampleFrame | None]]] = {}
-        """Samples partition -> (offset, frame) read but not processed yet (None: nothing to
-        process, e.g. dead-lettered, but the offset moves past it)."""
+        self._batches: dict[int, list[tuple[int, SampleFrame | None, int]]] = {}
+        """Samples partition -> (offset, frame, record timestamp ms) read but not processed
+        yet (frame None: nothing to process, e.g. dead-lettered, but the offset moves past
+        it)."""
         self._batch_since: dict[int, float] = {}
         self._read_offset: dict[TopicPartition, int] = {}
         """Next offset to accept into a batch (messages below it were read already)."""
         self._busy: set[int] = set()
         """Partitions whose shard a background checkpoint is serialising."""
+        self._shard_locks: dict[int, asyncio.Lock] = {}
+        """Per samples partition: held while its shard is processed or serialised (both run
+        in threads), so the two never overlap."""
         self._checkpointer: asyncio.Task[None] | None = None
         self._behind_s: dict[int, float] = {}
         self._lag_alert: AlertRecord | None = None
@@ -206,6 +222,8 @@ class DetectorService:
         """Age of the oldest data whose steps were shed since the last lag check."""
         self._shed_partitions: set[int] = set()
         self._last_lag_poll = 0.0
+        self.clock = time.time
+        """Wall clock (s) that record ages are measured on; a test may move it."""
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -216,6 +234,7 @@ class DetectorService:
                                             t.alerts: cfg.partitions, t.deadletter: 1})
         self._alert_partitions = await self.transport.partitions_for(t.alerts)
         await asyncio.to_thread(warm_up, cfg, self.engine)
+        self._lag_alert = await asyncio.to_thread(self._load_lag_alert)
         self.consumer = self.transport.consumer([t.samples, t.events], cfg.group_id,
                                                 listener=self, from_beginning=True)
         try:
@@ -230,7 +249,10 @@ class DetectorService:
                 for es in self.event_shards.values():
                     out.extend(es.tick(now))
                 await self._poll_lag()
-                out.extend(self._lag_transitions())
+                lag = self._lag_transitions()
+                if lag:  # kept before it is published: see the module docstring
+                    await asyncio.to_thread(self._save_lag_alert, self._lag_alert)
+                out.extend(lag)
                 await self._publish(out)
                 await self._checkpoint_when_due()
                 if self.webhook is not None:
@@ -350,7 +372,9 @@ class DetectorService:
                 frame = decode_frame(msg.value)
             except DecodeError as exc:
                 await self._dead_letter(msg, _reason("sample frame", exc))
-            self._batches.setdefault(msg.partition, []).append((msg.offset, frame))
+            # a record without a timestamp (-1) counts as arriving now: never judged late
+            arrived = msg.timestamp_ms if msg.timestamp_ms > 0 else int(self.clock() * 1000)
+            self._batches.setdefault(msg.partition, []).append((msg.offset, frame, arrived))
             self._batch_since.setdefault(msg.partition, time.monotonic())
             return []
         self.next_offset[tp] = msg.offset + 1
@@ -385,21 +409,34 @@ class DetectorService:
             while batch and p not in self._busy:
                 chunk = batch[: cfg.batch_frames]
                 del batch[: cfg.batch_frames]
-                out.extend(self._process_chunk(p, chunk))
-                await asyncio.sleep(0)  # heartbeats, rebalances, a background checkpoint
+                # In a thread: a chunk is seconds of CPU on a starved machine, and the loop
+                # must go on sending heartbeats meanwhile (the GIL passes every few ms).
+                async with self._shard_lock(p):
+                    out.extend(await asyncio.to_thread(self._process_chunk, p, chunk))
             if not batch:
                 self._batches.pop(p, None)
                 self._batch_since.pop(p, None)
         return out
 
-    def _process_chunk(self, p: int, chunk: list[tuple[int, SampleFrame | None]]
+    def _shard_lock(self, p: int) -> asyncio.Lock:
+        lock = self._shard_locks.get(p)
+        if lock is None:
+            lock = self._shard_locks[p] = asyncio.Lock()
+        return lock
+
+    def _process_chunk(self, p: int, chunk: list[tuple[int, SampleFrame | None, int]]
                        ) -> list[AlertRecord]:
         cfg = self.config
         shard = self.shards.get(p)
         if shard is None:  # assigned without a callback (should not happen): start fresh
             shard = self.shards[p] = DetectorShard(self.config, self.engine)
         blocks: list[TickBlock] = []
-        for _, frame in chunk:
+        now_ms = self.clock() * 1000.0
+        late_ms = now_ms - cfg.shed_after_s * 1000.0
+        step_ms = round(cfg.model.step_s * 1000)
+        shed_before: int | None = None
+        oldest_record = min(r for _, _, r in chunk)
+        for _, frame, record_ms in chunk:
             if frame is None:
                 continue
             block = frame_block(shard, frame)
@@ -408,20 +445,21 @@ class DetectorService:
             self.stats.metrics += frame.n_values
             if block is not None:
                 blocks.append(block)
-        now_ms = time.time() * 1000.0
-        shed_before = int(now_ms - cfg.shed_after_s * 1000.0) if cfg.shed_after_s > 0 else None
+                if cfg.shed_after_s > 0 and record_ms < late_ms:
+                    # Waited too long in Kafka: shed the model steps of its ticks. A step is
+                    # stamped at its end ((k + 1) * step_ms), so the step holding the newest
+                    # tick t is stamped <= t + step_ms, and the next one later than that.
+                    end = int(block.ts_ms[-1]) + step_ms + 1
+                    shed_before = end if shed_before is None else max(shed_before, end)
         steps, skipped = shard.gpu_steps, shard.skipped_steps
         out = shard.process_blocks(blocks, shed_before_ms=shed_before)
         self.next_offset[(self.topics.samples, p)] = chunk[-1][0] + 1
         self.stats.model_steps += shard.gpu_steps - steps
         self.stats.skipped_steps += shard.skipped_steps - skipped
-        if blocks:
-            newest = max(int(b.ts_ms[-1]) for b in blocks)
-            self._behind_s[p] = max(0.0, (now_ms - newest) / 1000.0)
-            if shard.skipped_steps > skipped:
-                oldest = min(int(b.ts_ms[0]) for b in blocks)
-                self._shed_age_s = max(self._shed_age_s, (now_ms - oldest) / 1000.0)
-                self._shed_partitions.add(p)
+        self._behind_s[p] = max(0.0, (now_ms - chunk[-1][2]) / 1000.0)
+        if shard.skipped_steps > skipped:
+            self._shed_age_s = max(self._shed_age_s, (now_ms - oldest_record) / 1000.0)
+            self._shed_partitions.add(p)
         self.stats.models = sum(len(s.gpu_paths) for s in self.shards.values())
         return out
 
@@ -455,7 +493,7 @@ class DetectorService:
         self.stats.behind_s = round(worst, 3)
         shedding = self.stats.skipped_steps > self._skipped_seen
         self._skipped_seen = self.stats.skipped_steps
-        now_ms = int(time.time() * 1000)
+        now_ms = int(self.clock() * 1000)
         entity = f"detector/{cfg.group_id}"
         age, self._shed_age_s = self._shed_age_s, 0.0
         parts, self._shed_partitions = sorted(self._shed_partitions), set()
@@ -463,16 +501,20 @@ class DetectorService:
             self._lag_alert = AlertRecord(
                 id=alert_id(entity, LAG_SOURCE, now_ms), entity=entity, level="service",
                 state=AlertState.FIRING, severity=Severity.WARNING, source=LAG_SOURCE,
-                summary=(f"detector is {age:.0f} s behind its samples: model steps older "
-                         f"than {cfg.shed_after_s:g} s are skipped (rules still see every "
-                         "sample)"),
+                summary=(f"detector is {age:.0f} s behind: model steps of records that "
+                         f"waited in Kafka more than {cfg.shed_after_s:g} s are skipped "
+                         "(rules still see every sample)"),
                 score=round(age, 3), threshold=cfg.shed_after_s, started_ms=now_ms,
                 updated_ms=now_ms, attribution=(Attribution("fleetpulse_detector_behind_seconds",
                                                             "high", 1.0),),
                 context={"partitions": parts, "skipped_steps": self.stats.skipped_steps})
             log.warning("%s", self._lag_alert.summary)
             return [self._lag_alert]
-        if self._lag_alert is not None and not shedding and worst <= cfg.shed_after_s / 2:
+        # Every partition measured first: right after a restart nothing was read yet, and
+        # "0 s behind" then would resolve an alert that is still true.
+        measured = bool(self.shards) and all(p in self._behind_s for p in self.shards)
+        if (self._lag_alert is not None and not shedding and measured
+                and worst <= cfg.shed_after_s / 2):
             opened, self._lag_alert = self._lag_alert, None
             log.warning("detector caught up (%.1f s behind); %d model steps were skipped",
                         worst, self.stats.skipped_steps)
@@ -480,6 +522,25 @@ class DetectorService:
                 opened, state=AlertState.RESOLVED, score=round(worst, 3), updated_ms=now_ms,
                 context={**opened.context, "skipped_steps": self.stats.skipped_steps})]
         return []
+
+    def _load_lag_alert(self) -> AlertRecord | None:
+        """The ``detector:lag`` alert a previous run left open, if any."""
+        try:
+            data = (self.state_dir / _LAG_FILE).read_bytes()
+        except FileNotFoundError:
+            return None
+        if not data:
+            return None
+        try:
+            rec = AlertRecord.from_bytes(data)
+        except DecodeError as exc:
+            log.error("%s unusable (%s); a detector:lag alert may stay open", _LAG_FILE, exc)
+            return None
+        log.info("detector:lag alert %s is still open from before the restart", rec.id)
+        return rec
+
+    def _save_lag_alert(self, rec: AlertRecord | None) -> None:
+        atomic_write(self.state_dir / _LAG_FILE, b"" if rec is None else rec.to_bytes())
 
     async def _dead_letter(self, msg: Message, reason: str) -> None:
         log.warning("dead-lettering %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset,
@@ -522,8 +583,7 @@ class DetectorService:
             tp = (self.topics.samples, p)
             if (only is not None and tp not in only) or tp not in self.next_offset:
                 continue
-            await self._save(p, shard, {"samples": self.next_offset[tp], **extra})
-            commit[tp] = self.next_offset[tp]
+            commit[tp] = await self._save(p, shard, extra)
         commit.update(await self._save_events(only))
         if commit:
             await self.consumer.commit_checkpointed(commit)
@@ -559,8 +619,7 @@ class DetectorService:
                 continue
             self._busy.add(p)
             try:
-                offset = self.next_offset[tp]
-                await self._save(p, shard, {"samples": offset, **extra})
+                offset = await self._save(p, shard, extra)
             finally:
                 self._busy.discard(p)
             if self.shards.get(p) is shard:  # still ours
@@ -582,9 +641,14 @@ class DetectorService:
         ends = await self.consumer.end_offsets(alert_tps) if alert_tps else {}
         return {f"alerts:{q}": off for (_, q), off in ends.items()}
 
-    async def _save(self, p: int, shard: DetectorShard, offsets: dict[str, int]) -> None:
-        data = await asyncio.to_thread(shard_bytes, shard, offsets)
+    async def _save(self, p: int, shard: DetectorShard, extra: dict[str, int]) -> int:
+        """Checkpoint partition ``p``; returns the samples offset it covers (read under the
+        shard's lock: a chunk being processed in its thread is either in it or after it)."""
+        async with self._shard_lock(p):
+            offset = self.next_offset[(self.topics.samples, p)]
+            data = await asyncio.to_thread(shard_bytes, shard, {"samples": offset, **extra})
         await asyncio.to_thread(atomic_write, checkpoint_path(self.state_dir, p), data)
+        return offset
 
     async def _save_events(self, only: frozenset[TopicPartition] | None
                            ) -> dict[TopicPartition, int]:

@@ -650,7 +650,7 @@ async def _drain(aggregator: AggregatorService, detector: DetectorService,
     """Give the consumers up to ``budget_s`` to reach the end of what the fleet published."""
     deadline = time.monotonic() + budget_s
     while time.monotonic() < deadline:
-        lag = sum(loop.lag for loop in aggregator.loops)
+        lag = await aggregator.behind()
         consumer = detector.consumer
         det_lag = 0
         if consumer is not None and consumer.assignment():

@@ -9,6 +9,7 @@ import dataclasses
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -150,40 +151,145 @@ async def test_restart_restores_models_and_does_not_repeat_alerts(tmp_path: Path
     await transport.close()
 
 
-async def test_behind_sheds_model_steps_alerts_and_resolves_when_caught_up(
-        tmp_path: Path) -> None:
-    """Data older than ``shed_after_s`` is not modelled (but every tick reaches the rules
-    and every offset is consumed); one ``detector:lag`` alert opens, and resolves once the
-    detector reads fresh data again."""
-    name = f"det-{uuid.uuid4().hex}"
-    config = dataclasses.replace(_config(tmp_path, name), shed_after_s=30.0)  # type: ignore[type-var]
+async def _send_frames(transport: Transport, topics: Topics, ts: np.ndarray,
+                       data: np.ndarray, seq0: int = 0) -> int:
+    """Two nodes' frames of 5 ticks each; returns how many were sent."""
+    sent = 0
+    for s in range(0, ts.size, 5):
+        for n, node in enumerate(("node-0", "node-1")):
+            f = frame(node, "rack-1", ts[s:s + 5], data[s:s + 5, 4 * n:4 * n + 4],
+                      seq=seq0 + s // 5)
+            await transport.send(topics.samples, encode_frame(f), key=f.identity.rack_key)
+            sent += 1
+    await transport.flush()
+    return sent
+
+
+async def _shedding_setup(tmp_path: Path) -> tuple[Any, Transport, Topics]:
+    """A config that sheds after 30 s and its started memory transport with the topics."""
+    config = dataclasses.replace(_config(tmp_path, f"det-{uuid.uuid4().hex}"),  # type: ignore[type-var]
+                                 shed_after_s=30.0)
     transport = open_transport(config.transport)
     await transport.start()
     topics = Topics()
     await transport.ensure_topics({topics.samples: 2, topics.events: 2, topics.alerts: 2,
                                    topics.deadletter: 1})
+    return config, transport, topics
+
+
+class _Clock:
+    """The service's wall clock, ``ahead`` seconds ahead of the real one: records sent
+    now look as if they had waited that long in Kafka."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.ahead
+
+
+async def test_behind_sheds_model_steps_alerts_and_resolves_when_caught_up(
+        tmp_path: Path) -> None:
+    """Records that waited in Kafka longer than ``shed_after_s`` are not modelled (but every
+    tick reaches the rules and every offset is consumed); one ``detector:lag`` alert opens,
+    and resolves once the detector reads records as they arrive. Lag is the records' wait,
+    not the samples' age: old samples sent now (a spool replay) shed nothing."""
+    config, transport, topics = await _shedding_setup(tmp_path)
     now = int(time.time() * 1000)
-    old = now - 100_000 + 1000 * np.arange(60, dtype=np.int64)  # 100 s .. 40 s ago
-    new = now - 6_000 + 1000 * np.arange(5, dtype=np.int64)
-    data = healthy(65, 8, seed=5)
+    data = healthy(70, 8, seed=5)
     data[20, 3, COL["xid"]] = 79.0  # in the shed part
-    ts = np.concatenate([old, new])
-    for s in range(0, 65, 5):
-        for n, node in enumerate(("node-0", "node-1")):
-            f = frame(node, "rack-1", ts[s:s + 5], data[s:s + 5, 4 * n:4 * n + 4], seq=s // 5)
-            await transport.send(topics.samples, encode_frame(f), key=f.identity.rack_key)
-    await transport.flush()
+    # hours-old samples sent now: not behind, nothing shed
+    sent = await _send_frames(transport, topics, now - 7_200_000 + 1000 * np.arange(10),
+                              data[:10])
     service = DetectorService(config, transport)
-    await _run_until(service, lambda: service.stats.frames >= 26
-                     and service._lag_alert is None and service.stats.skipped_steps > 0)
-    assert service.stats.skipped_steps == 60 * 8 and service.stats.model_steps == 5 * 8
+    clock = service.clock = _Clock()
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+
+    async def until(done: object) -> None:
+        deadline = asyncio.get_running_loop().time() + 60
+        while not done():  # type: ignore[operator]
+            assert asyncio.get_running_loop().time() < deadline and not task.done()
+            await asyncio.sleep(0.05)
+
+    await until(lambda: service.stats.model_steps == 10 * 8)
+    assert service.stats.skipped_steps == 0 and service._lag_alert is None
+    # 60 s of samples that (by the clock) waited 100 s in Kafka: shed, alert opens
+    clock.ahead = 100.0
+    sent += await _send_frames(transport, topics, now + 1000 * np.arange(10, 60),
+                               data[10:60], seq0=2)
+    await until(lambda: service.stats.skipped_steps + service.stats.model_steps == 60 * 8)
+    assert service.stats.skipped_steps == 50 * 8 and service.stats.model_steps == 10 * 8
+    # the alert was published (it may already be resolving: the few frames are read fast)
+    await until(lambda: service.stats.alerts.get(("firing", LAG_SOURCE), 0) == 1)
+    # caught up: fresh records are modelled, the alert resolves
+    clock.ahead = 0.0
+    sent += await _send_frames(transport, topics, now + 1000 * np.arange(60, 70),
+                               data[60:70], seq0=12)
+    await until(lambda: service.stats.model_steps == 20 * 8 and service._lag_alert is None)
+    stop.set()
+    await task
+    assert service.stats.skipped_steps == 50 * 8 and service.stats.model_steps == 20 * 8
     scrape = generate_latest(service.stats.registry).decode()
-    assert "fleetpulse_detector_model_steps_skipped_total 480.0" in scrape
+    assert "fleetpulse_detector_model_steps_skipped_total 400.0" in scrape
     alerts = [AlertRecord.from_bytes(m.value) for m in await _read_all(transport, topics.alerts)]
     lag = [a for a in alerts if a.source == LAG_SOURCE]
     assert [a.state for a in lag] == [AlertState.FIRING, AlertState.RESOLVED]
     assert lag[0].level == "service" and lag[0].id == lag[1].id and lag[0].score > 30
     assert any(a.source == "rule:xid" for a in alerts)  # the rules saw the shed part
+    await transport.close()
+
+
+async def test_an_open_lag_alert_survives_a_restart_once(tmp_path: Path) -> None:
+    """The ``detector:lag`` alert open when the detector stops is still open after it
+    restarts: not opened a second time while it is still behind, and resolved (same id)
+    once it has caught up."""
+    config, transport, topics = await _shedding_setup(tmp_path)
+    now = int(time.time() * 1000)
+    data = healthy(40, 8, seed=6)
+    sent = 0
+
+    async def run_until(service: DetectorService, done: object) -> None:
+        await _run_until(service, done, timeout=60)
+        assert done(), (service.stats.frames, sent)  # type: ignore[operator]
+
+    def still_behind(service: DetectorService) -> DetectorService:
+        """Record ages 100 s by its clock, and its lag poll held off: it never sees its
+        partitions read to their ends, so it stops still behind, as one restarted under
+        load does (the poll would otherwise resolve the alert once the few frames here
+        are read)."""
+        service.clock = clock = _Clock()
+        clock.ahead = 100.0
+        service._last_lag_poll = float("inf")
+        return service
+
+    first = still_behind(DetectorService(config, transport))
+    sent += await _send_frames(transport, topics, now + 1000 * np.arange(20), data[:20])
+    await run_until(first, lambda: first.stats.skipped_steps + first.stats.model_steps == 20 * 8
+                    and first._lag_alert is not None)
+    opened = first._lag_alert
+    assert opened is not None and first.stats.skipped_steps > 0
+
+    # restarted while still behind: the alert is the same one, not a second
+    second = still_behind(DetectorService(config, transport))
+    sent += await _send_frames(transport, topics, now + 1000 * np.arange(20, 30),
+                               data[20:30], seq0=4)
+    await run_until(second, lambda: second.stats.skipped_steps + second.stats.model_steps
+                    == 10 * 8)
+    assert second.stats.skipped_steps > 0
+    assert second._lag_alert is not None and second._lag_alert.id == opened.id
+
+    # restarted again, caught up: resolved, same id
+    third = DetectorService(config, transport)
+    sent += await _send_frames(transport, topics, now + 1000 * np.arange(30, 40),
+                               data[30:40], seq0=6)
+    await run_until(third, lambda: third.stats.model_steps == 10 * 8
+                    and third._lag_alert is None)
+    lag = [a for a in (AlertRecord.from_bytes(m.value)
+                       for m in await _read_all(transport, topics.alerts))
+           if a.source == LAG_SOURCE]
+    assert [(a.state, a.id) for a in lag] == [(AlertState.FIRING, opened.id),
+                                              (AlertState.RESOLVED, opened.id)]
     await transport.close()
 
 

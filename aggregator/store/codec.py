@@ -92,6 +92,7 @@ __all__ = [
     "encode_gorilla",
     "encode_group",
     "encode_groups",
+    "warm_up",
 ]
 
 VERSION: Final = 1
@@ -840,7 +841,7 @@ def _skip_or_dec_column(buf: np.ndarray, words: np.ndarray, pos: int, end: int, 
 # ---------------------------------------------------------------------------- groups
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _enc_group(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, pos: int) -> int:
     # pragma: no cover - numba
     """Encode one group (cols is (k, T) float64) at ``pos``; returns the new position."""
@@ -868,7 +869,7 @@ def _enc_group(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, pos: int) -> i
     return pos
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _enc_groups(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, offsets: np.ndarray) -> None:
     # pragma: no cover - numba
     """ts (G, T), cols (G, k, T): every group into one buffer, offsets[G+1]."""
@@ -919,7 +920,7 @@ def _dec_group(buf: np.ndarray, words: np.ndarray, pos: int, end: int, which: np
     return pos
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _dec_groups(buf: np.ndarray, offsets: np.ndarray, ts_out: np.ndarray,
                 out: np.ndarray) -> int:  # pragma: no cover - numba
     """Decode G groups of equal shape: ts_out (G, T), out (G, k, T); returns 0 or -1-index."""
@@ -936,7 +937,7 @@ def _dec_groups(buf: np.ndarray, offsets: np.ndarray, ts_out: np.ndarray,
     return 0
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _sample_counts(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, colptr: np.ndarray,
                    cols: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
     """T of each blob, or -1 when its header is bad or its column selection is not strictly
@@ -962,7 +963,7 @@ def _fill_words(buf: np.ndarray, words: np.ndarray, a: int, b: int) -> None:
         words[j] = v
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _dec_selected(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, colptr: np.ndarray,
                   cols: np.ndarray, ts_off: np.ndarray, val_off: np.ndarray, ts_out: np.ndarray,
                   val_out: np.ndarray) -> int:  # pragma: no cover - numba
@@ -1245,3 +1246,23 @@ def column_layout(blob: bytes) -> tuple[int, list[int], list[int]]:
 def column_tags(blob: bytes) -> list[int]:
     """The encoding tag of each column of a chunk."""
     return column_layout(blob)[1]
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the kernels the store calls: seal and read.
+
+    Sealing a chunk is the first encode; in a fresh checkout that compiles for a minute on a
+    busy 2-core machine, and inside a consumer loop it got the aggregator expelled from its
+    group (issue 16). Values of every column kind (constant, scaled integers, decimals,
+    XOR) go through so that each kernel's signatures are compiled now, not at the first seal.
+    """
+    t = 1_000 * np.arange(16, dtype=np.int64)
+    ramp = np.arange(16, dtype=np.float64)
+    values = np.stack([np.zeros(16), ramp * 15e6, ramp * 0.37, np.sqrt(ramp + 0.5),
+                       np.full(16, np.nan)], axis=1)
+    blob = encode_group(t, values)
+    decode_group(blob)
+    decode_selected(np.frombuffer(blob, np.uint8), np.zeros(1, np.int64), np.asarray([len(blob)], np.int64),
+                    np.asarray([0, 2], np.int64), np.asarray([1, 3], np.int64))
+    buf, offsets = encode_groups(t.reshape(1, -1), values.reshape(1, 16, 5))
+    decode_groups(buf, offsets, 5, 16)

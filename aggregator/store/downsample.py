@@ -17,7 +17,7 @@ import numba as nb
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["REDUCERS", "reduce_buckets"]
+__all__ = ["REDUCERS", "reduce_buckets", "warm_up"]
 
 REDUCERS: Final = ("count", "sum", "min", "max", "last")
 _CODE: Final = {name: i for i, name in enumerate(REDUCERS)}
@@ -81,3 +81,8 @@ def reduce_buckets(ts: npt.NDArray[np.int64], values: npt.NDArray[np.float64],
         raise ValueError(f"resolution_ms must be positive, not {resolution_ms}")
     return _reduce(np.ascontiguousarray(ts, np.int64), np.ascontiguousarray(values, np.float64),
                    np.ascontiguousarray(offsets, np.int64), int(resolution_ms), _CODE[reducer])
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the bucket reducer before a consumer joins."""
+    reduce_buckets(np.zeros(2, np.int64), np.ones(2), np.asarray([0, 2], np.int64), 10, "max")

@@ -108,6 +108,7 @@ async def _progress(svc: AggregatorService) -> None:
         rate = (st.metrics - last_m) / max(now - last_t, 1e-9)
         last_m, last_t = st.metrics, now
         lag = sum(loop.lag for loop in svc.loops)
+        opened = await svc.in_store(svc.rack.open_windows)  # the stage's state: its thread
         print(f"aggregator: {rate:,.0f} metrics/s, lag {lag} msgs, open windows "
-              f"{svc.rack.open_windows()}, late {st.late_samples}, duplicates {st.duplicates}, "
+              f"{opened}, late {st.late_samples}, duplicates {st.duplicates}, "
               f"dead letters {svc.dead_letters}", file=sys.stderr, flush=True)
