@@ -42,6 +42,7 @@ from detector.checkpoint import (
 from detector.config import DetectorConfig
 from detector.event_rules import EventShard
 from detector.features import GATHERED, gather, group_median
+from detector.incidents import Correlator
 from detector.shard import DetectorShard, TickBlock, alert_id
 from detector.webhook import AlertmanagerWebhook
 from fleetpulse.transport import (
@@ -53,7 +54,15 @@ from fleetpulse.transport import (
 )
 from schemas.errors import DecodeError
 from schemas.frame import SampleFrame, decode_frame
-from schemas.records import AlertRecord, AlertState, Attribution, EventRecord, Severity
+from schemas.records import (
+    AlertRecord,
+    AlertState,
+    Attribution,
+    EventRecord,
+    IncidentRecord,
+    Severity,
+    decode_alerts_topic,
+)
 from schemas.topics import Topics
 
 __all__ = ["LAG_SOURCE", "DetectorService", "frame_block", "process_frame"]
@@ -108,6 +117,7 @@ class Stats:
         self.models = 0
         self.open_alerts = 0
         self.alerts: dict[tuple[str, str], int] = {}
+        self.incidents: dict[str, int] = {}
         self.deadletter: dict[str, int] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_StatsCollector(self))
@@ -139,6 +149,12 @@ class _StatsCollector:
         for (state, source), n in s.alerts.items():
             alerts.add_metric([state, source], n)
         yield alerts
+        incidents = CounterMetricFamily(p + "incidents",
+                                        "Incident transitions published (opened or changed: "
+                                        "firing; ended: resolved).", labels=["state"])
+        for state, n in s.incidents.items():
+            incidents.add_metric([state], n)
+        yield incidents
         dead = CounterMetricFamily(p + "deadletter", "Undecodable messages dead-lettered.",
                                    labels=["topic"])
         for topic, n in s.deadletter.items():
@@ -176,6 +192,8 @@ class DetectorService:
         self.next_offset: dict[TopicPartition, int] = {}
         """Per partition: the next offset whose message the state does not cover yet."""
         self.suppress: set[tuple[str, str]] = set()
+        self.incidents = Correlator()
+        """Groups the published alerts into incidents and gives each its action."""
         self.stats = Stats()
         self.consumer: Consumer | None = None
         self.webhook = (AlertmanagerWebhook(config.webhook.url, config.webhook.timeout_s,
@@ -318,10 +336,10 @@ class DetectorService:
                     if msg.offset < start.get(msg.partition, 0):
                         continue
                     try:
-                        rec = AlertRecord.from_bytes(msg.value)
+                        rec = decode_alerts_topic(msg.value)
                     except DecodeError:
                         continue
-                    self.suppress.add((rec.id, rec.state.value))
+                    self.suppress.add(_transition(rec))
                 todo = {tp for tp in todo if positions.get(tp, 0) < ends[tp]}
             if todo:
                 log.warning("could not read back alerts of %s in time; replay may repeat "
@@ -482,23 +500,34 @@ class DetectorService:
         await self.transport.dead_letter(self.topics.deadletter, msg, reason)
 
     async def _publish(self, records: list[AlertRecord]) -> None:
+        # The correlator sees replayed transitions too: its state is rebuilt from them.
+        records, incidents = self.incidents.observe(records)
         sent: list[AlertRecord] = []
-        for rec in records:
-            key = (rec.id, rec.state.value)
+        sent_incidents: list[IncidentRecord] = []
+        transitions: list[AlertRecord | IncidentRecord] = [*records, *incidents]
+        for rec in transitions:
+            key = _transition(rec)
             if key in self.suppress:
                 self.suppress.discard(key)
                 self.stats.suppressed += 1
                 continue
             fut = await self.transport.send(self.topics.alerts, rec.to_bytes(), key=rec.key)
             self._pending.append(fut)
+            if isinstance(rec, IncidentRecord):
+                self.stats.incidents[rec.state.value] = (
+                    self.stats.incidents.get(rec.state.value, 0) + 1)
+                log.info("incident %s %s %s", rec.state.value, rec.id, rec.summary)
+                sent_incidents.append(rec)
+                continue
             k = (rec.state.value, rec.source)
             self.stats.alerts[k] = self.stats.alerts.get(k, 0) + 1
-            log.info("alert %s %s %s %s", rec.state.value, rec.entity, rec.source, rec.summary)
+            log.info("alert %s %s %s %s (%s)", rec.state.value, rec.entity, rec.source,
+                     rec.summary, rec.action.value)
             sent.append(rec)
         self.stats.open_alerts = (sum(len(s.open_alerts) for s in self.shards.values())
                                   + sum(len(e.open) for e in self.event_shards.values()))
-        if self.webhook is not None and sent:
-            await self.webhook.deliver(sent)
+        if self.webhook is not None and (sent or sent_incidents):
+            await self.webhook.deliver(sent, sent_incidents)
 
     # -- checkpoints -------------------------------------------------------------------
 
@@ -591,6 +620,14 @@ class DetectorService:
             await asyncio.to_thread(atomic_write, self.state_dir / f"events-{p}.ckpt", data)
             commit[tp] = self.next_offset[tp]
         return commit
+
+
+def _transition(rec: AlertRecord | IncidentRecord) -> tuple[str, str]:
+    """What makes a published transition unique (for suppressing a replay): an alert's id
+    and state; an incident's id, state and revision (it changes while open)."""
+    if isinstance(rec, IncidentRecord):
+        return rec.id, f"{rec.state.value}#{rec.revision}"
+    return rec.id, rec.state.value
 
 
 def warm_up(config: DetectorConfig, engine: str | None = None) -> None:

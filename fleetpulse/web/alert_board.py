@@ -19,7 +19,7 @@ from typing import Any
 
 from fleetpulse.transport.base import Transport
 from schemas.errors import DecodeError
-from schemas.records import AlertRecord, AlertState
+from schemas.records import AlertRecord, AlertState, IncidentRecord, decode_alerts_topic
 from schemas.topics import Topics
 
 __all__ = ["AlertBoard", "follow_alerts"]
@@ -96,12 +96,14 @@ async def follow_alerts(
     group_id: str = "fleetpulse-web",
     stop: asyncio.Event | None = None,
     on_record: Callable[[AlertRecord], None] | None = None,
+    on_incident: Callable[[IncidentRecord], None] | None = None,
 ) -> None:
     """Feed ``board`` from the alerts topic until ``stop`` is set (or the task is cancelled).
 
     Undecodable records go to the dead-letter topic with the reason and are counted; the
     page keeps working. Offsets are committed as read: the board is a view, not a store.
-    ``on_record`` sees every decoded record too (the demo's terminal view and scorecard).
+    ``on_record`` sees every decoded alert too (the demo's terminal view and scorecard),
+    ``on_incident`` every incident record (the board shows alerts only).
     """
     consumer = transport.consumer([topics.alerts], group_id, from_beginning=True)
     try:
@@ -109,11 +111,15 @@ async def follow_alerts(
             batch = await consumer.getmany(timeout_ms=200, max_records=1000)
             for msg in batch:
                 try:
-                    record = AlertRecord.from_bytes(msg.value)
+                    record = decode_alerts_topic(msg.value)
                 except DecodeError as exc:
                     board.bad_records += 1
                     log.warning("alerts topic: %s", exc)
                     await transport.dead_letter(topics.deadletter, msg, str(exc))
+                    continue
+                if isinstance(record, IncidentRecord):
+                    if on_incident is not None:
+                        on_incident(record)
                     continue
                 board.add(record)
                 if on_record is not None:
