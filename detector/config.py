@@ -149,6 +149,9 @@ class RulesConfig:
 
     stale_after_s: float = 15.0
     """A GPU silent this long while its rack reports is lost."""
+    silent_after_s: float = 30.0
+    """A node (or a whole rack) that sent nothing this long is silent (``detector.silence``);
+    a node whose frames have no reading this long has a blank exporter."""
     lost_open_after: int = 5
     """All-NaN steps before a reporting GPU counts as lost."""
     slowdown_open_after: int = 3

@@ -48,6 +48,7 @@ FOLLOWS: dict[str, frozenset[str]] = {
     "rack_heat": _THERMAL,
     "model": _THERMAL,  # the rack forest: a correlated change across the rack
     "silent": _SILENT,
+    "exporter_blank": _SILENT,
 }
 """Root cause at a rack or node -> rules of its GPUs' (and nodes') alerts it explains."""
 

@@ -44,6 +44,7 @@ from detector.event_rules import EventShard
 from detector.features import GATHERED, gather, group_median
 from detector.incidents import Correlator
 from detector.shard import DetectorShard, TickBlock, alert_id
+from detector.silence import SilenceWatch
 from detector.webhook import AlertmanagerWebhook
 from fleetpulse.transport import (
     Consumer,
@@ -58,6 +59,7 @@ from schemas.records import (
     AlertRecord,
     AlertState,
     Attribution,
+    EventKind,
     EventRecord,
     IncidentRecord,
     Severity,
@@ -193,6 +195,8 @@ class DetectorService:
         """Per partition: the next offset whose message the state does not cover yet."""
         self.suppress: set[tuple[str, str]] = set()
         self.incidents = Correlator()
+        self.silence = SilenceWatch(config.rules.silent_after_s)
+        """Nodes and racks that stop sending, exporters that send blank pages."""
         """Groups the published alerts into incidents and gives each its action."""
         self.stats = Stats()
         self.consumer: Consumer | None = None
@@ -241,6 +245,7 @@ class DetectorService:
                 now = max((s.last_ts_ms for s in self.shards.values()), default=0)
                 for es in self.event_shards.values():
                     out.extend(es.tick(now))
+                out.extend(self.silence.tick(now))
                 await self._poll_lag()
                 out.extend(self._lag_transitions())
                 await self._publish(out)
@@ -314,6 +319,7 @@ class DetectorService:
                 self._behind_s.pop(p, None)
             if topic == self.topics.samples:
                 self.shards.pop(p, None)
+                self.silence.drop_partition(p)
             elif topic == self.topics.events:
                 self.event_shards.pop(p, None)
             self.next_offset.pop((topic, p), None)
@@ -377,6 +383,8 @@ class DetectorService:
                 es = self.event_shards[msg.partition] = EventShard(
                     self.config.rules.event_hold_s)
             self.stats.events += 1
+            if event.kind is EventKind.AGENT_STOP:
+                self.silence.left(event.identity.path)
             return es.observe(event)
         return []
 
@@ -415,6 +423,9 @@ class DetectorService:
             if frame is None:
                 continue
             block = frame_block(shard, frame)
+            reporting = np.isfinite(frame.values).any(axis=(0, 2)) if frame.values.size else ()
+            self.silence.seen(p, frame.identity.path, int(frame.ts[-1]) if frame.ts.size else 0,
+                              int(np.count_nonzero(reporting)))
             self.stats.frames += 1
             self.stats.updates += frame.values.shape[0] * frame.values.shape[1]
             self.stats.metrics += frame.n_values
