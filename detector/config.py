@@ -192,8 +192,10 @@ class RulesConfig:
             state_hold_s=self.state_hold_s)
 
     def validate(self) -> None:
-        if self.stale_after_s <= 0 or self.lost_open_after < 1 or self.slowdown_open_after < 1:
-            raise ConfigError("rules: stale_after_s > 0 and open counts >= 1 required")
+        if (self.stale_after_s <= 0 or self.silent_after_s <= 0 or self.lost_open_after < 1
+                or self.slowdown_open_after < 1):
+            raise ConfigError("rules: stale_after_s, silent_after_s > 0 and open counts >= 1 "
+                              "required")
         if min(self.stuck_after_s, self.stuck_predicted_c, self.excess_c, self.burst_count,
                self.burst_window_s) <= 0 or min(self.excess_after_s, self.stuck_history_s,
                                                 self.deficit_after_s) < 0 \
