@@ -15,9 +15,12 @@ and groups them:
   brings, the forest's alert beside a rule's.
 
 An incident's severity is its members' highest; its action is its root cause's for a rack
-or node (a cooling fault is fixed at the rack, whatever its GPUs' alerts suggest) and the
-members' highest for a GPU, escalated by the GPU's history (``detector.actions``). It
-resolves when every member has. Transitions of one :meth:`Correlator.observe` call are
+or node (a cooling fault is fixed at the rack, whatever its GPUs' alerts suggest; of
+several alerts at the root, the one with the most disruptive action leads, so the rack heat
+rule names the cause when the rack forest saw it first), or its members' highest while the
+root's own alerts name none (the forest's "unlike its history"); for a GPU it is the
+members' highest, escalated by the GPU's history (``detector.actions``). It resolves when
+every member has. Transitions of one :meth:`Correlator.observe` call are
 coalesced: each changed incident is reported once, in its final state.
 
 State is in memory and rebuilt from the alerts replayed after a restart; incident ids derive
@@ -78,6 +81,8 @@ class _Incident:
     sources: set[str] = field(default_factory=set)
     revision: int = -1
     merged_into: str = ""
+    root_action: Action = Action.NONE
+    """The highest action of the alerts at the root entity itself."""
 
     def record(self) -> IncidentRecord:
         state = AlertState.FIRING if self.open_members and not self.merged_into \
@@ -175,7 +180,7 @@ class Correlator:
         if rec.level == "gpu":
             action = self.history.record(rec.entity, base, rec.started_ms)
         inc = _Incident(iid, rec.entity, rec.level, cause_of(rec), action, rec.severity,
-                        rec.summary, rec.started_ms, rec.updated_ms)
+                        rec.summary, rec.started_ms, rec.updated_ms, root_action=base)
         self.open[iid] = inc
         self._at_root[rec.entity] = iid
         return inc
@@ -193,6 +198,19 @@ class Correlator:
             # a more serious cause on the same GPU (an XID after an ECC storm) leads
             inc.action = self.history.record(inc.root, base, rec.started_ms)
             inc.cause, inc.summary = cause_of(rec), rec.summary
+        elif inc.level != "gpu":
+            self._lead(inc, rec.entity, base, rec)
+
+    @staticmethod
+    def _lead(inc: _Incident, entity: str, base: Action, rec: AlertRecord | None) -> None:
+        """A rack or node incident's action: its root alerts' highest, else its members'."""
+        if entity == inc.root and rec is not None:
+            if base.rank > inc.root_action.rank:
+                inc.root_action = base
+                inc.cause, inc.summary = cause_of(rec), rec.summary
+            inc.action = inc.root_action
+        if inc.root_action is Action.NONE and base.rank > inc.action.rank:
+            inc.action = base
 
     def _absorb(self, root: _Incident, touched: dict[str, _Incident]) -> None:
         """GPU and node incidents under a new rack/node incident that its cause explains."""
@@ -211,6 +229,7 @@ class Correlator:
                 self._of_alert[aid] = root.id
             if _SEVERITY_RANK[inc.severity] > _SEVERITY_RANK[root.severity]:
                 root.severity = inc.severity
+            self._lead(root, inc.root, inc.action, None)
             inc.merged_into = root.id
             inc.open_members = set()
             touched[inc.id] = inc

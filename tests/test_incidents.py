@@ -133,6 +133,16 @@ def test_a_rack_alert_absorbs_its_gpus_thermal_alerts_but_not_their_xids() -> No
     assert incs[0].state is AlertState.RESOLVED and incs[0].id == root.id
 
 
+def test_the_rack_heat_rule_leads_a_rack_incident_the_rack_forest_opened() -> None:
+    c = Correlator()
+    _, (inc,) = c.observe([_alert(RACK, "model:numba:rack", 0)])
+    assert inc.cause == "model" and inc.action is Action.NONE
+    _, (inc,) = c.observe([_alert(_gpu(0, 0), "rule:thermal_slowdown", 5)])
+    assert inc.action is Action.CHECK_COOLING  # the forest names no action: its members do
+    _, (inc,) = c.observe([_alert(RACK, "rule:rack_heat", 40)])
+    assert (inc.cause, inc.action, len(inc.members)) == ("rack_heat", Action.CHECK_COOLING, 3)
+
+
 def test_gpu_alerts_long_before_the_rack_alert_stay_apart() -> None:
     c = Correlator(window_s=60)
     old = _alert(_gpu(0, 0), "rule:thermal_slowdown", 0)
