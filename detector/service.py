@@ -43,6 +43,7 @@ from detector.config import DetectorConfig
 from detector.event_rules import EventShard
 from detector.features import GATHERED, gather, group_median
 from detector.incidents import Correlator
+from detector.remediation import RemediationHook
 from detector.shard import DetectorShard, TickBlock, alert_id
 from detector.silence import SilenceWatch
 from detector.webhook import AlertmanagerWebhook
@@ -120,6 +121,8 @@ class Stats:
         self.open_alerts = 0
         self.alerts: dict[tuple[str, str], int] = {}
         self.incidents: dict[str, int] = {}
+        self.remediation: dict[tuple[str, str], int] = {}
+        """(action, outcome) -> remediation decisions (detector.remediation)."""
         self.deadletter: dict[str, int] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_StatsCollector(self))
@@ -157,6 +160,12 @@ class _StatsCollector:
         for state, n in s.incidents.items():
             incidents.add_metric([state], n)
         yield incidents
+        fixes = CounterMetricFamily(p + "remediation",
+                                    "Remediation decisions (dry_run, ran, failed, refused_rate, "
+                                    "refused_rack, not_node).", labels=["action", "outcome"])
+        for (action, outcome), n in s.remediation.items():
+            fixes.add_metric([action, outcome], n)
+        yield fixes
         dead = CounterMetricFamily(p + "deadletter", "Undecodable messages dead-lettered.",
                                    labels=["topic"])
         for topic, n in s.deadletter.items():
@@ -195,10 +204,12 @@ class DetectorService:
         """Per partition: the next offset whose message the state does not cover yet."""
         self.suppress: set[tuple[str, str]] = set()
         self.incidents = Correlator()
+        """Groups the published alerts into incidents and gives each its action."""
         self.silence = SilenceWatch(config.rules.silent_after_s)
         """Nodes and racks that stop sending, exporters that send blank pages."""
-        """Groups the published alerts into incidents and gives each its action."""
         self.stats = Stats()
+        self.remediation = RemediationHook(config.remediation)
+        self.stats.remediation = self.remediation.counts
         self.consumer: Consumer | None = None
         self.webhook = (AlertmanagerWebhook(config.webhook.url, config.webhook.timeout_s,
                                             config.webhook.resend_s)
@@ -539,6 +550,9 @@ class DetectorService:
                                   + sum(len(e.open) for e in self.event_shards.values()))
         if self.webhook is not None and (sent or sent_incidents):
             await self.webhook.deliver(sent, sent_incidents)
+        if self.remediation.enabled:
+            for inc in sent_incidents:
+                await self.remediation.handle(inc, self.silence.rack_nodes(inc.root))
 
     # -- checkpoints -------------------------------------------------------------------
 

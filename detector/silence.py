@@ -67,6 +67,11 @@ class SilenceWatch:
             n.last_reading_ms = max(n.last_reading_ms, ts_ms)
         n.gpus = max(n.gpus, reporting)
 
+    def rack_nodes(self, path: str) -> int:
+        """Expected senders in the rack of ``path`` (a rack, node or GPU path)."""
+        rack = "/".join(path.split("/")[:3]) + "/"
+        return sum(1 for name in self.nodes if name.startswith(rack))
+
     def left(self, node: str) -> None:
         """The node's agent stopped in order: no longer expected."""
         self.nodes.pop(node, None)
