@@ -24,6 +24,7 @@ COMMANDS: Final[tuple[str, ...]] = (
     "query",
     "backtest",
     "alerts",
+    "inventory",
     "detector",
     "bench",
     "demo",
