@@ -25,6 +25,7 @@ COMMANDS: Final[tuple[str, ...]] = (
     "backtest",
     "alerts",
     "inventory",
+    "health",
     "detector",
     "bench",
     "demo",

@@ -17,15 +17,15 @@ import asyncio
 import dataclasses
 import json
 import sys
-import time
-import uuid
-from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from fleetpulse.config import ConfigError, load_config, transport_overrides
+from fleetpulse.commands.topic_reader import add_transport_args, read_topic, transport_from_args
+from fleetpulse.config import ConfigError
 from fleetpulse.inventory_drift import InventoryLedger
+from fleetpulse.transport import Message
 from schemas.errors import DecodeError
 from schemas.records import EventRecord
+from schemas.topics import Topics
 
 __all__ = ["register", "run"]
 
@@ -34,9 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inventory", help="GPU inventory across the fleet", description=__doc__)
     inv_sub = p.add_subparsers(dest="inventory_command", metavar="SUBCOMMAND", required=True)
     d = inv_sub.add_parser("drift", help="racks and nodes that mix versions, version changes")
-    d.add_argument("--config", type=Path, help="TOML with a [transport] table")
-    d.add_argument("--bootstrap", help="Kafka bootstrap (or memory://NAME)")
-    d.add_argument("--prefix", help="topic prefix")
+    add_transport_args(d)
     d.add_argument("--json", action="store_true", help="one JSON object")
     d.add_argument("--idle-s", type=float, default=2.0,
                    help="stop reading after this many seconds without a new event")
@@ -44,36 +42,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 async def _read(args: argparse.Namespace) -> tuple[InventoryLedger, int]:
-    from fleetpulse.transport import TransportConfig, open_transport
-    from schemas.topics import Topics
-
-    table: dict[str, Any] = {}
-    if args.config:
-        import tomllib
-
-        try:
-            with open(args.config, "rb") as fh:
-                table = dict(tomllib.load(fh).get("transport", {}))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"config file {args.config}: {exc}") from exc
-    table.update(transport_overrides(bootstrap=args.bootstrap, topic_prefix=args.prefix))
-    cfg = load_config(TransportConfig, overrides=table)
-    transport = open_transport(cfg)
+    transport, cfg = transport_from_args(args)
     await transport.start()
     ledger, bad = InventoryLedger(), 0
-    consumer = transport.consumer([Topics(cfg.topic_prefix).events],
-                                  f"fleetpulse-inventory-{uuid.uuid4().hex}", from_beginning=True)
+
+    def take(msg: Message) -> None:
+        nonlocal bad
+        try:
+            ledger.observe(EventRecord.from_bytes(msg.value))
+        except DecodeError:
+            bad += 1
+
     try:
-        last = time.monotonic()
-        while time.monotonic() - last < args.idle_s:
-            for msg in await consumer.getmany(timeout_ms=200, max_records=2000):
-                last = time.monotonic()
-                try:
-                    ledger.observe(EventRecord.from_bytes(msg.value))
-                except DecodeError:
-                    bad += 1
+        await read_topic(transport, Topics(cfg.topic_prefix).events, args.idle_s, "inventory",
+                         take)
     finally:
-        await consumer.stop()
         await transport.close()
     return ledger, bad
 

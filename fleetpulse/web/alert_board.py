@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
+from fleetpulse.health_rank import HealthRank
 from fleetpulse.transport.base import Transport
 from schemas.errors import DecodeError
 from schemas.records import AlertRecord, AlertState, IncidentRecord, decode_alerts_topic
@@ -45,10 +46,16 @@ class AlertBoard:
         """Alert records taken, including repeated transitions of one alert."""
         self.bad_records = 0
         """Records on the alerts topic that did not decode (dead-lettered by follow_alerts)."""
+        self.health = HealthRank()
+        """The worst GPUs, from every record taken (``/web/health``)."""
+
+    def add_incident(self, record: IncidentRecord) -> None:
+        self.health.add(record)
 
     def add(self, record: AlertRecord) -> None:
         """Take one transition; the newest state of an alert id replaces the older one."""
         self.received += 1
+        self.health.add(record)
         self._alerts.pop(record.id, None)
         self._alerts[record.id] = record
         while len(self._alerts) > self.capacity:
@@ -118,6 +125,7 @@ async def follow_alerts(
                     await transport.dead_letter(topics.deadletter, msg, str(exc))
                     continue
                 if isinstance(record, IncidentRecord):
+                    board.add_incident(record)
                     if on_incident is not None:
                         on_incident(record)
                     continue
