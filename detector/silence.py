@@ -82,7 +82,9 @@ class SilenceWatch:
             del self.nodes[name]
 
     def tick(self, now_ms: int) -> list[AlertRecord]:
-        if now_ms <= self.now_ms:
+        """Judge every expected sender at event time ``now_ms``: at most once per second of
+        event time (the service calls this every loop; a pass is Python over all nodes)."""
+        if now_ms < self.now_ms + 1000:
             return []
         self.now_ms = now_ms
         want: dict[tuple[str, str], str] = {}
