@@ -233,6 +233,9 @@ class DetectorService:
         """Age of the oldest data whose steps were shed since the last lag check."""
         self._shed_partitions: set[int] = set()
         self._last_lag_poll = 0.0
+        self._caught_up: set[int] = set()
+        """Samples partitions with nothing left to read at the last lag poll: their clock is
+        the fleet's (a rack that went silent does not stop time for its partition)."""
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -256,7 +259,9 @@ class DetectorService:
                 now = max((s.last_ts_ms for s in self.shards.values()), default=0)
                 for es in self.event_shards.values():
                     out.extend(es.tick(now))
-                out.extend(self.silence.tick(now))
+                out.extend(self.silence.tick({
+                    p: now if p in self._caught_up else s.last_ts_ms
+                    for p, s in self.shards.items()}))
                 await self._poll_lag()
                 out.extend(self._lag_transitions())
                 await self._publish(out)
@@ -477,9 +482,11 @@ class DetectorService:
             return
         lag = {tp: max(0, ends.get(tp, 0) - self.next_offset.get(tp, 0)) for tp in tps}
         self.stats.lag_messages = sum(lag.values())
+        self._caught_up = set()
         for (_, p), n in lag.items():
             if n == 0 and p not in self._batches:
                 self._behind_s[p] = 0.0
+                self._caught_up.add(p)
 
     def _lag_transitions(self) -> list[AlertRecord]:
         """Open ``detector:lag`` when model steps were shed; resolve it once no step was

@@ -18,11 +18,14 @@ how many GPUs they reported) and their last frame in event time:
   had readings, raises ``rule:exporter_blank``: the node is up, its exporter is not;
 - an agent that stops in order (``agent_stop`` event) leaves the expected senders.
 
-Event time is the newest sample time the detector has seen anywhere (``tick(now_ms)``), so a
-replay judges as the live run did. A detector that receives nothing at all cannot tell a
-silent fleet from a broken feed; its own lag alert covers that. State is per samples
-partition (a rack's nodes share one); it is not checkpointed: after a restart a node counts
-as expected again from its first frame.
+Time is event time per samples partition (``tick({partition: now_ms})``; a rack's nodes
+share a partition): the newest sample time of that partition, and the fleet's newest once
+the partition has nothing left to read. So a partition still working through a backlog never
+finds the nodes of another partition silent, a replay judges as the live run did, and a rack
+alone on its partition is judged by the fleet's clock once its partition is drained. A
+detector that receives nothing at all cannot tell a silent fleet from a broken feed; its
+own lag alert covers that. The state is not checkpointed: after a restart a node counts as
+expected again from its first frame.
 """
 
 from __future__ import annotations
@@ -81,18 +84,24 @@ class SilenceWatch:
         for name in [k for k, n in self.nodes.items() if n.partition == partition]:
             del self.nodes[name]
 
-    def tick(self, now_ms: int) -> list[AlertRecord]:
-        """Judge every expected sender at event time ``now_ms``: at most once per second of
-        event time (the service calls this every loop; a pass is Python over all nodes)."""
-        if now_ms < self.now_ms + 1000:
+    def tick(self, now_by_partition: dict[int, int]) -> list[AlertRecord]:
+        """Judge every expected sender at its partition's event time: at most once per
+        second of event time (the service calls this every loop; a pass is Python over all
+        nodes). Nodes of a partition not in ``now_by_partition`` are not judged."""
+        newest = max(now_by_partition.values(), default=0)
+        if newest < self.now_ms + 1000:
             return []
-        self.now_ms = now_ms
+        self.now_ms = newest
         want: dict[tuple[str, str], str] = {}
         """(entity, source) -> summary of each alert that should be open now."""
         racks: dict[str, list[tuple[str, _Node]]] = {}
         for name, n in self.nodes.items():
-            racks.setdefault(name.rsplit("/", 1)[0], []).append((name, n))
+            if n.partition in now_by_partition:
+                racks.setdefault(name.rsplit("/", 1)[0], []).append((name, n))
+        rack_now = {rack: now_by_partition[nodes[0][1].partition]
+                    for rack, nodes in racks.items()}
         for rack, nodes in racks.items():
+            now_ms = rack_now[rack]
             ages = [now_ms - n.last_ms for _, n in nodes]
             silent = [name for (name, _), age in zip(nodes, ages, strict=True)
                       if age >= self.after_ms]
@@ -116,8 +125,9 @@ class SilenceWatch:
                     want[(name, BLANK)] = ("node sends, but without any GPU reading: its "
                                            "exporter answers with an empty or sentinel page")
         out = []
-        for key in [k for k in self.open if k not in want]:
+        for key in [k for k in self.open if k not in want and _rack(k[0]) in rack_now]:
             opened = self.open.pop(key)
+            now_ms = rack_now[_rack(key[0])]
             out.append(AlertRecord(
                 id=opened.id, entity=opened.entity, level=opened.level,
                 state=AlertState.RESOLVED, severity=opened.severity, source=opened.source,
@@ -129,6 +139,7 @@ class SilenceWatch:
             if (entity, source) in self.open:
                 continue
             level = "rack" if entity.count("/") == 2 else "node"
+            now_ms = rack_now[_rack(entity)]
             rec = AlertRecord(
                 id=alert_id(entity, source, now_ms), entity=entity, level=level,
                 state=AlertState.FIRING,
@@ -139,3 +150,7 @@ class SilenceWatch:
             self.open[(entity, source)] = rec
             out.append(rec)
         return out
+
+
+def _rack(entity: str) -> str:
+    return "/".join(entity.split("/")[:3])

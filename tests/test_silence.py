@@ -44,7 +44,7 @@ def test_a_rack_going_dark_is_one_rack_alert_and_a_node_one_node_alert() -> None
               t)
         if t < 60:  # rack b goes dark at 60 s, its nodes' last frames a few s apart
             _feed(watch, {k: v for i, (k, v) in enumerate(rack_b.items()) if t < 50 + 5 * i}, t)
-        out += watch.tick(T + t * 1000)
+        out += watch.tick({0: T + t * 1000})
     fired = [(a.entity, a.level, (a.started_ms - T) // 1000) for a in out
              if a.state is AlertState.FIRING]
     assert fired == [("c/r/rack-b", "rack", 85), ("c/r/rack-a/node-3", "node", 125)]
@@ -58,7 +58,7 @@ def test_a_silent_node_and_its_lost_gpus_are_one_incident() -> None:
     incidents: list[IncidentRecord] = []
     for t in range(0, 120, 5):
         _feed(watch, {k: v for k, v in nodes.items() if t < 40 or not k.endswith("node-1")}, t)
-        alerts = watch.tick(T + t * 1000)
+        alerts = watch.tick({0: T + t * 1000})
         if t == 55:  # the GPU rule saw the node's GPUs stop first (stale_after_s < 30 s)
             alerts = [AlertRecord(
                 id=f"lost-{g}", entity=f"c/r/rack-a/node-1/gpu-{g}", level="gpu",
@@ -82,7 +82,7 @@ def test_a_blank_exporter_is_an_alert_and_an_orderly_stop_none() -> None:
             _feed(watch, {"c/r/rack-a/node-2": 8}, t)
         elif t == 50:
             watch.left("c/r/rack-a/node-2")  # agent_stop: maintenance, not silence
-        out += watch.tick(T + t * 1000)
+        out += watch.tick({0: T + t * 1000})
     got = [(a.entity, a.source, a.state.value, (a.updated_ms - T) // 1000) for a in out]
     assert got == [("c/r/rack-a/node-0", "rule:exporter_blank", "firing", 65),
                    ("c/r/rack-a/node-0", "rule:exporter_blank", "resolved", 100)]
@@ -123,3 +123,18 @@ async def test_the_service_raises_one_incident_for_a_rack_that_goes_silent(
     on_rack_2 = [i for i in incidents.values()
                  if i.root.startswith("c1/row-a/rack-2") and not i.merged_into]
     assert len(on_rack_2) == 1
+
+
+def test_a_partition_behind_the_others_is_not_silent() -> None:
+    """Partition 1 works through a backlog 90 s behind partition 0: judged by its own clock,
+    its nodes are not silent."""
+    watch = SilenceWatch(silent_after_s=30)
+    out: list[AlertRecord] = []
+    for t in range(0, 200, 5):
+        watch.seen(0, "c/r/rack-a/node-0", T + t * 1000, 8)
+        watch.seen(0, "c/r/rack-a/node-1", T + t * 1000, 8)
+        if t >= 90:
+            watch.seen(1, "c/r/rack-b/node-0", T + (t - 90) * 1000, 8)
+            watch.seen(1, "c/r/rack-b/node-1", T + (t - 90) * 1000, 8)
+        out += watch.tick({0: T + t * 1000, 1: T + max(t - 90, 0) * 1000})
+    assert out == []
