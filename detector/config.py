@@ -149,6 +149,9 @@ class RulesConfig:
 
     stale_after_s: float = 15.0
     """A GPU silent this long while its rack reports is lost."""
+    silent_after_s: float = 30.0
+    """A node (or a whole rack) that sent nothing this long is silent (``detector.silence``);
+    a node whose frames have no reading this long has a blank exporter."""
     lost_open_after: int = 5
     """All-NaN steps before a reporting GPU counts as lost."""
     slowdown_open_after: int = 3
@@ -189,8 +192,10 @@ class RulesConfig:
             state_hold_s=self.state_hold_s)
 
     def validate(self) -> None:
-        if self.stale_after_s <= 0 or self.lost_open_after < 1 or self.slowdown_open_after < 1:
-            raise ConfigError("rules: stale_after_s > 0 and open counts >= 1 required")
+        if (self.stale_after_s <= 0 or self.silent_after_s <= 0 or self.lost_open_after < 1
+                or self.slowdown_open_after < 1):
+            raise ConfigError("rules: stale_after_s, silent_after_s > 0 and open counts >= 1 "
+                              "required")
         if min(self.stuck_after_s, self.stuck_predicted_c, self.excess_c, self.burst_count,
                self.burst_window_s) <= 0 or min(self.excess_after_s, self.stuck_history_s,
                                                 self.deficit_after_s) < 0 \
@@ -215,6 +220,47 @@ class WebhookConfig:
     def validate(self) -> None:
         if self.url and not self.url.startswith(("http://", "https://")):
             raise ConfigError(f"webhook.url must be http(s)://..., got {self.url!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RemediationConfig:
+    """Optional remediation hook (``detector.remediation``): a command per action, run for
+    an incident on one node, behind a circuit breaker. Every template empty: no hook."""
+
+    dry_run: bool = True
+    """Log and count what would run, run nothing (the default: turn it off deliberately)."""
+    reset_gpu: str = ""
+    """Command template for ``reset_gpu``, e.g. ``ssh {node} nvidia-smi -r -i {gpu}``.
+    Placeholders: {node} {rack} {row} {cluster} {gpu} {incident} {action} {reason}; each
+    argument is formatted on its own and run without a shell."""
+    drain_reboot: str = ""
+    """For ``drain_reboot``, e.g. ``scontrol update nodename={node} state=drain
+    reason={reason}`` or ``kubectl cordon {node}``."""
+    replace: str = ""
+    """For ``replace`` (usually a drain too, and a ticket)."""
+    check_node: str = ""
+    """For ``check_node`` (a silent node), e.g. ``kubectl cordon {node}``."""
+    max_nodes_per_hour: int = 2
+    """Circuit breaker: distinct nodes acted on within any hour, at most."""
+    max_rack_fraction: float = 0.25
+    """Circuit breaker: of a rack's known nodes, at most this share acted on within
+    ``rack_window_h`` (at least one node)."""
+    rack_window_h: float = 24.0
+    """How long a node counts as taken out of its rack after an action."""
+    timeout_s: float = 30.0
+    """A command running longer is killed and counted as failed."""
+
+    def templates(self) -> dict[str, str]:
+        return {k: v for k, v in (("reset_gpu", self.reset_gpu),
+                                  ("drain_reboot", self.drain_reboot),
+                                  ("replace", self.replace),
+                                  ("check_node", self.check_node)) if v}
+
+    def validate(self) -> None:
+        if self.max_nodes_per_hour < 0 or not 0.0 <= self.max_rack_fraction <= 1.0 \
+                or self.rack_window_h <= 0 or self.timeout_s <= 0:
+            raise ConfigError("remediation: max_nodes_per_hour >= 0, max_rack_fraction in "
+                              "[0, 1], rack_window_h and timeout_s > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +309,8 @@ class DetectorConfig:
     """Health rules."""
     webhook: WebhookConfig = field(default_factory=WebhookConfig)
     """Alertmanager."""
+    remediation: RemediationConfig = field(default_factory=RemediationConfig)
+    """The remediation hook (off unless a command template is set; dry-run by default)."""
 
     def validate(self) -> None:
         if self.checkpoint_interval_s <= 0:

@@ -50,7 +50,10 @@ from detector.checkpoint import (
 from detector.config import DetectorConfig
 from detector.event_rules import EventShard
 from detector.features import GATHERED, gather, group_median
+from detector.incidents import Correlator
+from detector.remediation import RemediationHook
 from detector.shard import DetectorShard, TickBlock, alert_id
+from detector.silence import SilenceWatch
 from detector.webhook import AlertmanagerWebhook
 from fleetpulse.transport import (
     Consumer,
@@ -61,7 +64,16 @@ from fleetpulse.transport import (
 )
 from schemas.errors import DecodeError
 from schemas.frame import SampleFrame, decode_frame
-from schemas.records import AlertRecord, AlertState, Attribution, EventRecord, Severity
+from schemas.records import (
+    AlertRecord,
+    AlertState,
+    Attribution,
+    EventKind,
+    EventRecord,
+    IncidentRecord,
+    Severity,
+    decode_alerts_topic,
+)
 from schemas.topics import Topics
 
 __all__ = ["LAG_SOURCE", "DetectorService", "frame_block", "process_frame"]
@@ -118,6 +130,9 @@ class Stats:
         self.models = 0
         self.open_alerts = 0
         self.alerts: dict[tuple[str, str], int] = {}
+        self.incidents: dict[str, int] = {}
+        self.remediation: dict[tuple[str, str], int] = {}
+        """(action, outcome) -> remediation decisions (detector.remediation)."""
         self.deadletter: dict[str, int] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_StatsCollector(self))
@@ -155,6 +170,18 @@ class _StatsCollector:
         for (state, source), n in s.alerts.items():
             alerts.add_metric([state, source], n)
         yield alerts
+        incidents = CounterMetricFamily(p + "incidents",
+                                        "Incident transitions published (opened or changed: "
+                                        "firing; ended: resolved).", labels=["state"])
+        for state, n in s.incidents.items():
+            incidents.add_metric([state], n)
+        yield incidents
+        fixes = CounterMetricFamily(p + "remediation",
+                                    "Remediation decisions (dry_run, ran, failed, refused_rate, "
+                                    "refused_rack, not_node).", labels=["action", "outcome"])
+        for (action, outcome), n in s.remediation.items():
+            fixes.add_metric([action, outcome], n)
+        yield fixes
         dead = CounterMetricFamily(p + "deadletter", "Undecodable messages dead-lettered.",
                                    labels=["topic"])
         for topic, n in s.deadletter.items():
@@ -194,7 +221,13 @@ class DetectorService:
         self.next_offset: dict[TopicPartition, int] = {}
         """Per partition: the next offset whose message the state does not cover yet."""
         self.suppress: set[tuple[str, str]] = set()
+        self.incidents = Correlator()
+        """Groups the published alerts into incidents and gives each its action."""
+        self.silence = SilenceWatch(config.rules.silent_after_s)
+        """Nodes and racks that stop sending, exporters that send blank pages."""
         self.stats = Stats()
+        self.remediation = RemediationHook(config.remediation)
+        self.stats.remediation = self.remediation.counts
         self.consumer: Consumer | None = None
         self.webhook = (AlertmanagerWebhook(config.webhook.url, config.webhook.timeout_s,
                                             config.webhook.resend_s)
@@ -224,6 +257,9 @@ class DetectorService:
         self._last_lag_poll = 0.0
         self.clock = time.time
         """Wall clock (s) that record ages are measured on; a test may move it."""
+        self._caught_up: set[int] = set()
+        """Samples partitions with nothing left to read at the last lag poll: their clock is
+        the fleet's (a rack that went silent does not stop time for its partition)."""
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -248,6 +284,9 @@ class DetectorService:
                 now = max((s.last_ts_ms for s in self.shards.values()), default=0)
                 for es in self.event_shards.values():
                     out.extend(es.tick(now))
+                out.extend(self.silence.tick({
+                    p: now if p in self._caught_up else s.last_ts_ms
+                    for p, s in self.shards.items()}))
                 await self._poll_lag()
                 lag = self._lag_transitions()
                 if lag:  # kept before it is published: see the module docstring
@@ -324,6 +363,7 @@ class DetectorService:
                 self._behind_s.pop(p, None)
             if topic == self.topics.samples:
                 self.shards.pop(p, None)
+                self.silence.drop_partition(p)
             elif topic == self.topics.events:
                 self.event_shards.pop(p, None)
             self.next_offset.pop((topic, p), None)
@@ -346,10 +386,10 @@ class DetectorService:
                     if msg.offset < start.get(msg.partition, 0):
                         continue
                     try:
-                        rec = AlertRecord.from_bytes(msg.value)
+                        rec = decode_alerts_topic(msg.value)
                     except DecodeError:
                         continue
-                    self.suppress.add((rec.id, rec.state.value))
+                    self.suppress.add(_transition(rec))
                 todo = {tp for tp in todo if positions.get(tp, 0) < ends[tp]}
             if todo:
                 log.warning("could not read back alerts of %s in time; replay may repeat "
@@ -389,6 +429,8 @@ class DetectorService:
                 es = self.event_shards[msg.partition] = EventShard(
                     self.config.rules.event_hold_s)
             self.stats.events += 1
+            if event.kind is EventKind.AGENT_STOP:
+                self.silence.left(event.identity.path)
             return es.observe(event)
         return []
 
@@ -440,6 +482,9 @@ class DetectorService:
             if frame is None:
                 continue
             block = frame_block(shard, frame)
+            reporting = np.isfinite(frame.values).any(axis=(0, 2)) if frame.values.size else ()
+            self.silence.seen(p, frame.identity.path, int(frame.ts[-1]) if frame.ts.size else 0,
+                              int(np.count_nonzero(reporting)))
             self.stats.frames += 1
             self.stats.updates += frame.values.shape[0] * frame.values.shape[1]
             self.stats.metrics += frame.n_values
@@ -481,9 +526,11 @@ class DetectorService:
             return
         lag = {tp: max(0, ends.get(tp, 0) - self.next_offset.get(tp, 0)) for tp in tps}
         self.stats.lag_messages = sum(lag.values())
+        self._caught_up = set()
         for (_, p), n in lag.items():
             if n == 0 and p not in self._batches:
                 self._behind_s[p] = 0.0
+                self._caught_up.add(p)
 
     def _lag_transitions(self) -> list[AlertRecord]:
         """Open ``detector:lag`` when model steps were shed; resolve it once no step was
@@ -549,23 +596,37 @@ class DetectorService:
         await self.transport.dead_letter(self.topics.deadletter, msg, reason)
 
     async def _publish(self, records: list[AlertRecord]) -> None:
+        # The correlator sees replayed transitions too: its state is rebuilt from them.
+        records, incidents = self.incidents.observe(records)
         sent: list[AlertRecord] = []
-        for rec in records:
-            key = (rec.id, rec.state.value)
+        sent_incidents: list[IncidentRecord] = []
+        transitions: list[AlertRecord | IncidentRecord] = [*records, *incidents]
+        for rec in transitions:
+            key = _transition(rec)
             if key in self.suppress:
                 self.suppress.discard(key)
                 self.stats.suppressed += 1
                 continue
             fut = await self.transport.send(self.topics.alerts, rec.to_bytes(), key=rec.key)
             self._pending.append(fut)
+            if isinstance(rec, IncidentRecord):
+                self.stats.incidents[rec.state.value] = (
+                    self.stats.incidents.get(rec.state.value, 0) + 1)
+                log.info("incident %s %s %s", rec.state.value, rec.id, rec.summary)
+                sent_incidents.append(rec)
+                continue
             k = (rec.state.value, rec.source)
             self.stats.alerts[k] = self.stats.alerts.get(k, 0) + 1
-            log.info("alert %s %s %s %s", rec.state.value, rec.entity, rec.source, rec.summary)
+            log.info("alert %s %s %s %s (%s)", rec.state.value, rec.entity, rec.source,
+                     rec.summary, rec.action.value)
             sent.append(rec)
         self.stats.open_alerts = (sum(len(s.open_alerts) for s in self.shards.values())
                                   + sum(len(e.open) for e in self.event_shards.values()))
-        if self.webhook is not None and sent:
-            await self.webhook.deliver(sent)
+        if self.webhook is not None and (sent or sent_incidents):
+            await self.webhook.deliver(sent, sent_incidents)
+        if self.remediation.enabled:
+            for inc in sent_incidents:
+                await self.remediation.handle(inc, self.silence.rack_nodes(inc.root))
 
     # -- checkpoints -------------------------------------------------------------------
 
@@ -661,6 +722,14 @@ class DetectorService:
             await asyncio.to_thread(atomic_write, self.state_dir / f"events-{p}.ckpt", data)
             commit[tp] = self.next_offset[tp]
         return commit
+
+
+def _transition(rec: AlertRecord | IncidentRecord) -> tuple[str, str]:
+    """What makes a published transition unique (for suppressing a replay): an alert's id
+    and state; an incident's id, state and revision (it changes while open)."""
+    if isinstance(rec, IncidentRecord):
+        return rec.id, f"{rec.state.value}#{rec.revision}"
+    return rec.id, rec.state.value
 
 
 def warm_up(config: DetectorConfig, engine: str | None = None) -> None:

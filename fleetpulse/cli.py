@@ -24,6 +24,8 @@ COMMANDS: Final[tuple[str, ...]] = (
     "query",
     "backtest",
     "alerts",
+    "inventory",
+    "health",
     "detector",
     "bench",
     "demo",

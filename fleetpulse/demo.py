@@ -53,7 +53,7 @@ from fleetpulse.config import ConfigError, TransportConfig
 from fleetpulse.transport import Transport, open_transport
 from fleetpulse.web import AlertBoard, WebConfig, add_web_routes, follow_alerts
 from schemas.frame import SampleFrame
-from schemas.records import AlertRecord, AlertState, EventKind, EventRecord
+from schemas.records import AlertRecord, AlertState, EventKind, EventRecord, IncidentRecord
 from schemas.topics import Topics
 
 __all__ = ["DemoConfig", "Scorecard", "run_demo"]
@@ -194,6 +194,18 @@ class Scorecard:
         """Alert id -> first firing record (one per episode)."""
         self.resolved_ms: dict[str, int] = {}
         self.transitions = 0
+        self.incidents: dict[str, IncidentRecord] = {}
+        """Incident id -> its newest record (merged ones included, counted apart)."""
+
+    def add_incident(self, inc: IncidentRecord) -> None:
+        self.incidents[inc.id] = inc
+
+    def incident_summary(self) -> list[dict[str, Any]]:
+        """The incidents that stand (not merged into another), oldest first."""
+        return [{"id": i.id, "root": i.root, "cause": i.cause, "action": i.action.value,
+                 "severity": i.severity.value, "alerts": len(i.members), "state": i.state.value}
+                for i in sorted(self.incidents.values(), key=lambda i: i.started_ms)
+                if not i.merged_into]
 
     def add(self, rec: AlertRecord) -> None:
         self.transitions += 1
@@ -241,6 +253,7 @@ class Scorecard:
             "median_delay_s": round(float(np.median(delays)), 1) if delays else None,
             "false_incidents": len(self.false_incidents(now_ms)),
             "alerts": len(self.episodes),
+            "incidents": sum(1 for i in self.incidents.values() if not i.merged_into),
             "alert_transitions": self.transitions,
         }
 
@@ -375,6 +388,12 @@ class TerminalView:
         self.live_line = live_line
         """Rewrite one status line in place (a terminal) rather than print a line each time."""
         self._last_len = 0
+
+    def incident(self, inc: IncidentRecord, sim_s: float) -> None:
+        if inc.revision == 0 or (inc.state is AlertState.RESOLVED and not inc.merged_into):
+            state = "INCIDENT" if inc.state is AlertState.FIRING else "ended   "
+            self._write(f"[sim {_hms(sim_s)}] {state} {inc.severity.value:<8} "
+                        f"{inc.id:<22} {inc.summary}", newline=True)
 
     def alert(self, rec: AlertRecord, sim_s: float) -> None:
         attr = ", ".join(f"{a.metric.removeprefix('fleetpulse_gpu_')} "
@@ -554,6 +573,10 @@ async def run_demo(
         score.add(rec)
         view.alert(rec, fleet.sim_s)
 
+    def on_incident(inc: IncidentRecord) -> None:
+        score.add_incident(inc)
+        view.incident(inc, fleet.sim_s)
+
     app = web.Application()
     aggregator.add_routes(app)
     page = add_web_routes(app, board, cfg.web)
@@ -578,7 +601,8 @@ async def run_demo(
         asyncio.create_task(aggregator.run(), name="demo-aggregator"),
         asyncio.create_task(detector.run(stage_stop), name="demo-detector"),
         asyncio.create_task(follow_alerts(await transport(), topics, board, stop=stage_stop,
-                                          on_record=on_alert), name="demo-alerts"),
+                                          on_record=on_alert, on_incident=on_incident),
+                            name="demo-alerts"),
     ]
     if on_ready is not None:
         on_ready(run)
@@ -620,6 +644,7 @@ async def run_demo(
     # what the stages finished during the drain, and the alerts it produced, count too
     summary |= score.summary(fleet.sim_s, fleet.sim_now_ms)
     summary["alerts_firing"] = len(board.firing())
+    summary["incident_list"] = score.incident_summary()
     summary["aggregated_metrics"] = int(aggregator.rack.stats.metrics)
     summary["detector_updates"] = int(detector.stats.updates)
     return summary

@@ -18,12 +18,15 @@ from schemas.identity import NodeIdentity, check_name
 
 __all__ = [
     "ALERT_LEVELS",
+    "Action",
     "AlertRecord",
     "AlertState",
     "Attribution",
     "EventKind",
     "EventRecord",
+    "IncidentRecord",
     "Severity",
+    "decode_alerts_topic",
 ]
 
 
@@ -53,6 +56,34 @@ class Severity(StrEnum):
     CRITICAL = "critical"
     WARNING = "warning"
     INFO = "info"
+
+
+class Action(StrEnum):
+    """What an SRE should do about an alert or incident, least to most disruptive (the
+    order is :attr:`rank`; an incident takes its members' highest)."""
+
+    NONE = "none"
+    """Nothing now: watch it (informational, or the pipeline's own health)."""
+    RESTART_APP = "restart_app"
+    """The application (job, pod) hit the error; restart it, the GPU is fine."""
+    CHECK_COOLING = "check_cooling"
+    """Facilities: the air or liquid path of the GPU or rack (fans, CDU, doors, inlet)."""
+    RESET_GPU = "reset_gpu"
+    """Drain the GPU's jobs and reset it (``nvidia-smi -r``): clears the fault, activates
+    pending row remaps / retired pages."""
+    CHECK_NODE = "check_node"
+    """The node stopped reporting or its board asserts a slowdown: power, network, agent."""
+    DRAIN_REBOOT = "drain_reboot"
+    """Drain the node and reboot it: a GPU reset cannot recover this (fell off the bus)."""
+    REPLACE = "replace"
+    """Hardware out of spares or failing repeatedly: RMA the GPU (or the board)."""
+
+    @property
+    def rank(self) -> int:
+        return _ACTION_ORDER.index(self)
+
+
+_ACTION_ORDER: Final = tuple(Action)
 
 
 def _loads(data: bytes, what: str) -> dict[str, Any]:
@@ -157,6 +188,9 @@ class AlertRecord:
     updated_ms: int
     attribution: tuple[Attribution, ...] = ()
     context: dict[str, Any] = field(default_factory=dict)
+    action: Action = Action.NONE
+    """What to do about it (``detector.actions``: the XID catalogue and repeat history);
+    records written before this field existed read as ``none``."""
 
     @property
     def key(self) -> bytes:
@@ -197,4 +231,78 @@ class AlertRecord:
             updated_ms=_get(obj, "updated_ms", int, what),
             attribution=tuple(attribution),
             context=_get(obj, "context", dict, what),
+            action=_enum(Action, obj, "action", what) if "action" in obj else Action.NONE,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentRecord:
+    """Alerts with one cause, as one thing to act on; published to the alerts topic (keyed
+    by ``root``) beside the alerts it groups, with ``"record": "incident"`` in its JSON so a
+    reader tells the two apart (:func:`decode_alerts_topic`).
+
+    A transition is published when the incident opens, when it changes (a member joins, the
+    severity or action rises: ``revision`` counts these) and when it resolves (every member
+    resolved; ``updated_ms`` is then its end). An incident absorbed by a larger one (GPU
+    alerts whose rack alert came later) resolves with ``merged_into`` set.
+    """
+
+    id: str
+    root: str
+    """The entity the cause sits at: a GPU, node or rack path."""
+    level: str
+    state: AlertState
+    severity: Severity
+    """The highest of its members'."""
+    cause: str
+    """What went wrong, e.g. ``xid:79``, ``rack_heat``, ``ecc_sbe_burst``, ``silent``."""
+    action: Action
+    summary: str
+    started_ms: int
+    updated_ms: int
+    members: tuple[str, ...]
+    """Alert ids, in the order they joined."""
+    revision: int = 0
+    merged_into: str = ""
+
+    @property
+    def key(self) -> bytes:
+        return self.root.encode()
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps({"record": "incident", **asdict(self)})
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> IncidentRecord:
+        what = "incident record"
+        obj = _loads(data, what)
+        if obj.get("record") != "incident":
+            raise DecodeError(f"{what} field 'record' must be 'incident'")
+        level = _get(obj, "level", str, what)
+        if level not in ALERT_LEVELS:
+            raise DecodeError(f"{what} level {level!r:.20} is not one of {ALERT_LEVELS}")
+        members = _get(obj, "members", list, what)
+        if not all(isinstance(m, str) for m in members):
+            raise DecodeError(f"{what} members must be alert ids (strings)")
+        return cls(
+            id=_get(obj, "id", str, what),
+            root=_get(obj, "root", str, what),
+            level=level,
+            state=_enum(AlertState, obj, "state", what),
+            severity=_enum(Severity, obj, "severity", what),
+            cause=_get(obj, "cause", str, what),
+            action=_enum(Action, obj, "action", what),
+            summary=_get(obj, "summary", str, what),
+            started_ms=_get(obj, "started_ms", int, what),
+            updated_ms=_get(obj, "updated_ms", int, what),
+            members=tuple(members),
+            revision=_get(obj, "revision", int, what),
+            merged_into=_get(obj, "merged_into", str, what),
+        )
+
+
+def decode_alerts_topic(data: bytes) -> AlertRecord | IncidentRecord:
+    """A message of the alerts topic: an alert transition or an incident transition."""
+    if b'"record":"incident"' in data[:40]:
+        return IncidentRecord.from_bytes(data)
+    return AlertRecord.from_bytes(data)

@@ -37,6 +37,19 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
         echo "scripts/test.sh: no apt-get; install chromium and chromedriver yourself" >&2
     fi
 fi
+# Debian's Alertmanager for tests/test_alertmanager.py (the shipped deploy/alertmanager.yml
+# run for real); skipped when it is already there.
+if ! command -v prometheus-alertmanager >/dev/null 2>&1; then
+    step "system packages: prometheus-alertmanager"
+    if command -v apt-get >/dev/null 2>&1; then
+        SUDO=""
+        [[ "$(id -u)" -ne 0 ]] && SUDO="sudo"
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus-alertmanager >/dev/null
+    else
+        echo "scripts/test.sh: no apt-get; install prometheus-alertmanager yourself" >&2
+    fi
+fi
 # <<< system installs <<<
 
 # ------------------------------------------------------------------ python environment

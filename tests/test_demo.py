@@ -17,7 +17,7 @@ import pytest
 from agent.fleet import CLASSIC_KINDS, METRICS, Fault, FaultKind, Topology
 from fleetpulse.config import ConfigError, load_config
 from fleetpulse.demo import DemoConfig, Scorecard
-from schemas.records import AlertRecord, AlertState, Severity
+from schemas.records import Action, AlertRecord, AlertState, Severity
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,6 +118,10 @@ def test_demo_duration_json_summary(tmp_path: Path) -> None:
     assert summary["faults_injected"] == injected
     assert 0 <= summary["faults_detected"] <= summary["faults_injected"]
     assert summary["alerts"] >= summary["faults_detected"]
+    # incidents beside alerts, each with its action (the lost GPU's XID 79: drain, reboot)
+    assert summary["incidents"] == len(summary["incident_list"]) <= summary["alerts"]
+    assert summary["incidents"] >= min(1, summary["faults_detected"])
+    assert all(i["action"] in {a.value for a in Action} for i in summary["incident_list"])
     assert "heatmap and query API on http://127.0.0.1:" in res.stderr
 
 

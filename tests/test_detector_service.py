@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from aiohttp import web
+from alertmanager import Alertmanager, needs_alertmanager
 from prometheus_client import generate_latest
 from test_detector_support import frame, healthy, small_config, timestamps
 
@@ -24,7 +24,14 @@ from fleetpulse.config import TransportConfig
 from fleetpulse.transport import Message, Transport, open_transport
 from schemas.frame import encode_frame
 from schemas.identity import NodeIdentity
-from schemas.records import AlertRecord, AlertState, EventKind, EventRecord
+from schemas.records import (
+    AlertRecord,
+    AlertState,
+    EventKind,
+    EventRecord,
+    IncidentRecord,
+    decode_alerts_topic,
+)
 from schemas.topics import Topics
 
 
@@ -74,20 +81,12 @@ async def _run_until(service: DetectorService, done: object, timeout: float = 60
     await task
 
 
+@needs_alertmanager
 async def test_frames_in_alerts_out_bad_input_dead_lettered(tmp_path: Path) -> None:
-    posted: list[dict[str, object]] = []
-
-    async def alertmanager(request: web.Request) -> web.Response:
-        posted.extend(await request.json())
-        return web.json_response({})
-
-    app = web.Application()
-    app.router.add_post("/api/v2/alerts", alertmanager)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    am = Alertmanager(tmp_path / "am")
+    am.start()
     name = f"det-{uuid.uuid4().hex}"
-    config = _config(tmp_path, name, webhook=f"http://127.0.0.1:{runner.addresses[0][1]}")
+    config = _config(tmp_path, name, webhook=am.url)
     transport = open_transport(config.transport)  # type: ignore[attr-defined]
     await transport.start()
     topics = Topics()
@@ -111,19 +110,32 @@ async def test_frames_in_alerts_out_bad_input_dead_lettered(tmp_path: Path) -> N
     dead = await _read_all(transport, topics.deadletter)
     reasons = sorted(dict(m.headers)["fp-reason"].decode()[:20] for m in dead)
     assert len(dead) == 2 and all(reasons)
-    alerts = [(m.key, AlertRecord.from_bytes(m.value))
-              for m in await _read_all(transport, topics.alerts)]
+    records = [(m.key, decode_alerts_topic(m.value))
+               for m in await _read_all(transport, topics.alerts)]
+    alerts = [(k, a) for k, a in records if isinstance(a, AlertRecord)]
+    incidents = [i for _, i in records if isinstance(i, IncidentRecord)]
+    assert {i.cause for i in incidents} == {"xid:79", "xid:48"}
+    assert all(a.action.value == "drain_reboot" for _, a in alerts if a.source == "rule:xid")
     firing = {(a.entity, a.source) for _, a in alerts if a.state is AlertState.FIRING}
     assert ("c1/row-a/rack-1/node-1/gpu-1", "rule:xid") in firing
     assert ("c1/row-a/rack-9/node-7/gpu-3", "rule:event_xid") in firing
     assert all(key == a.entity.encode() for key, a in alerts)
     # The final checkpoint holds the models of the partition that carried the rack.
     assert any(checkpoint_path(tmp_path / "state", p).exists() for p in range(2))
-    # The same transitions reached the Alertmanager endpoint.
-    hooked = {(a["labels"]["entity"], a["labels"]["source"]) for a in posted}  # type: ignore[index]
-    assert hooked == {(a.entity, a.source) for _, a in alerts}
+    # Every transition reached the real Alertmanager (accepted), and the alerts open at the
+    # end are the ones it holds, labelled with their incident.
+    assert service.webhook is not None and service.webhook.failures == 0
+    assert service.webhook.posted == len(alerts)
+    try:
+        held = {(a["labels"]["entity"], a["labels"]["source"], a["labels"]["incident"])
+                for a in am.alerts()}
+    finally:
+        am.stop()
+    still_open = {a.id for _, a in alerts} - {a.id for _, a in alerts
+                                              if a.state is AlertState.RESOLVED}
+    assert held == {(a.entity, a.source, a.context["incident"]) for _, a in alerts
+                    if a.id in still_open and a.state is AlertState.FIRING}
     await transport.close()
-    await runner.cleanup()
 
 
 async def test_restart_restores_models_and_does_not_repeat_alerts(tmp_path: Path) -> None:
@@ -145,7 +157,8 @@ async def test_restart_restores_models_and_does_not_repeat_alerts(tmp_path: Path
     # Restored, not relearned: only the new frames were processed, models came back.
     assert second.stats.frames == 40
     assert sum(len(s.gpu_paths) for s in second.shards.values()) == models_before == 8
-    alerts = [AlertRecord.from_bytes(m.value) for m in await _read_all(transport, topics.alerts)]
+    alerts = [a for m in await _read_all(transport, topics.alerts)
+              if isinstance(a := decode_alerts_topic(m.value), AlertRecord)]
     firing = [a.id for a in alerts if a.state is AlertState.FIRING]
     assert len(firing) == len(set(firing)) >= 1
     await transport.close()
@@ -232,7 +245,8 @@ async def test_behind_sheds_model_steps_alerts_and_resolves_when_caught_up(
     assert service.stats.skipped_steps == 50 * 8 and service.stats.model_steps == 20 * 8
     scrape = generate_latest(service.stats.registry).decode()
     assert "fleetpulse_detector_model_steps_skipped_total 400.0" in scrape
-    alerts = [AlertRecord.from_bytes(m.value) for m in await _read_all(transport, topics.alerts)]
+    alerts = [a for m in await _read_all(transport, topics.alerts)
+              if isinstance(a := decode_alerts_topic(m.value), AlertRecord)]
     lag = [a for a in alerts if a.source == LAG_SOURCE]
     assert [a.state for a in lag] == [AlertState.FIRING, AlertState.RESOLVED]
     assert lag[0].level == "service" and lag[0].id == lag[1].id and lag[0].score > 30

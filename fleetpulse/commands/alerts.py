@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from fleetpulse.config import ConfigError, load_config, transport_overrides
 from schemas.errors import DecodeError
-from schemas.records import AlertRecord, AlertState
+from schemas.records import AlertRecord, AlertState, IncidentRecord, decode_alerts_topic
 
 __all__ = ["format_row", "register", "run"]
 
@@ -44,6 +44,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--idle-exit", type=float, default=0.0,
                    help="exit after this many seconds without a new alert (0: follow forever)")
     t.set_defaults(func=run)
+
+
+def format_incident(inc: IncidentRecord) -> str:
+    """One incident transition as a table row: the cause, its action, how many alerts."""
+    when = datetime.fromtimestamp(inc.updated_ms / 1000.0, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    state = ("merged" if inc.merged_into
+             else "INCIDENT" if inc.state is AlertState.FIRING else "ended")
+    root = inc.root if len(inc.root) <= 48 else "…" + inc.root[-47:]
+    return (f"{when:<19}  {state:<8}  {inc.severity.value:<8}  {root:<48}  "
+            f"{'incident ' + inc.id[4:14]:<22}  {len(inc.members):>5} alerts  {inc.summary}")
 
 
 def format_row(rec: AlertRecord) -> str:
@@ -95,13 +105,15 @@ async def _tail(args: argparse.Namespace, out: TextIO) -> int:
                 break
             for msg in msgs:
                 try:
-                    rec = AlertRecord.from_bytes(msg.value)
+                    rec = decode_alerts_topic(msg.value)
                 except DecodeError as exc:
                     print(f"# offset {msg.partition}:{msg.offset}: not an alert record: {exc}",
                           file=sys.stderr)
                     continue
                 if args.json:
                     out.write(rec.to_bytes().decode() + "\n")
+                elif isinstance(rec, IncidentRecord):
+                    out.write(format_incident(rec) + "\n")
                 else:
                     out.write(format_row(rec) + "\n")
             out.flush()

@@ -113,6 +113,9 @@ def _print_summary(s: dict[str, Any]) -> None:
                    f"{s['detected_by_kind']}"),
         ("alerts", f"{s['alerts']} ({s['false_incidents']} false incidents, "
                    f"median delay {s['median_delay_s']} s)"),
+        ("incidents", f"{s['incidents']}: " + "; ".join(
+            f"{i['cause']} at {i['root']} -> {i['action']} ({i['alerts']} alerts)"
+            for i in s.get("incident_list", []))),
     ]
     for k, v in rows:
         print(f"{k:>10}: {v}")

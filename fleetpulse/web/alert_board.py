@@ -17,9 +17,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any
 
+from fleetpulse.health_rank import HealthRank
 from fleetpulse.transport.base import Transport
 from schemas.errors import DecodeError
-from schemas.records import AlertRecord, AlertState
+from schemas.records import AlertRecord, AlertState, IncidentRecord, decode_alerts_topic
 from schemas.topics import Topics
 
 __all__ = ["AlertBoard", "follow_alerts"]
@@ -45,10 +46,16 @@ class AlertBoard:
         """Alert records taken, including repeated transitions of one alert."""
         self.bad_records = 0
         """Records on the alerts topic that did not decode (dead-lettered by follow_alerts)."""
+        self.health = HealthRank()
+        """The worst GPUs, from every record taken (``/web/health``)."""
+
+    def add_incident(self, record: IncidentRecord) -> None:
+        self.health.add(record)
 
     def add(self, record: AlertRecord) -> None:
         """Take one transition; the newest state of an alert id replaces the older one."""
         self.received += 1
+        self.health.add(record)
         self._alerts.pop(record.id, None)
         self._alerts[record.id] = record
         while len(self._alerts) > self.capacity:
@@ -96,12 +103,14 @@ async def follow_alerts(
     group_id: str = "fleetpulse-web",
     stop: asyncio.Event | None = None,
     on_record: Callable[[AlertRecord], None] | None = None,
+    on_incident: Callable[[IncidentRecord], None] | None = None,
 ) -> None:
     """Feed ``board`` from the alerts topic until ``stop`` is set (or the task is cancelled).
 
     Undecodable records go to the dead-letter topic with the reason and are counted; the
     page keeps working. Offsets are committed as read: the board is a view, not a store.
-    ``on_record`` sees every decoded record too (the demo's terminal view and scorecard).
+    ``on_record`` sees every decoded alert too (the demo's terminal view and scorecard),
+    ``on_incident`` every incident record (the board shows alerts only).
     """
     consumer = transport.consumer([topics.alerts], group_id, from_beginning=True)
     try:
@@ -109,11 +118,16 @@ async def follow_alerts(
             batch = await consumer.getmany(timeout_ms=200, max_records=1000)
             for msg in batch:
                 try:
-                    record = AlertRecord.from_bytes(msg.value)
+                    record = decode_alerts_topic(msg.value)
                 except DecodeError as exc:
                     board.bad_records += 1
                     log.warning("alerts topic: %s", exc)
                     await transport.dead_letter(topics.deadletter, msg, str(exc))
+                    continue
+                if isinstance(record, IncidentRecord):
+                    board.add_incident(record)
+                    if on_incident is not None:
+                        on_incident(record)
                     continue
                 board.add(record)
                 if on_record is not None:

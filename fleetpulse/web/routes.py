@@ -18,6 +18,7 @@ from typing import Final
 from aiohttp import web
 
 from fleetpulse.config import ConfigError
+from fleetpulse.health_rank import parse_window
 from fleetpulse.web.alert_board import AlertBoard
 from schemas.catalog import BY_NAME, CATALOG
 
@@ -113,7 +114,8 @@ def add_web_routes(
 ) -> str:
     """Mount the page on ``app`` (before it starts); returns the page's path.
 
-    Routes: the page, ``/web/*`` assets, ``/web/config.json`` and ``/web/alerts``.
+    Routes: the page, ``/web/*`` assets, ``/web/config.json``, ``/web/alerts`` and
+    ``/web/health?window=7d&limit=20`` (the worst GPUs, ``fleetpulse.health_rank``).
 
     If ``app`` already serves ``/``, the page goes to ``/heatmap`` instead (same directory,
     so its relative asset and API URLs still resolve).
@@ -146,6 +148,21 @@ def add_web_routes(
             )
         return web.json_response({"status": "success", "data": board.snapshot(int(raw))})
 
+    async def health_json(request: web.Request) -> web.Response:
+        window = request.query.get("window", "7d")
+        raw = request.query.get("limit", "20")
+        try:
+            window_ms = parse_window(window)
+            if not raw.isdigit() or not 1 <= int(raw) <= MAX_ALERTS:
+                raise ValueError(f"limit must be an integer between 1 and {MAX_ALERTS}")
+        except ValueError as exc:
+            return web.json_response(
+                {"status": "error", "errorType": "bad_data", "error": str(exc)}, status=400)
+        top = board.health.top(window_ms, int(raw), now_ms=int(board.clock()))
+        return web.json_response({"status": "success", "data": {
+            "window": window, "now_ms": int(board.clock()),
+            "gpus": [dataclasses.asdict(h) for h in top]}})
+
     taken = {
         (getattr(r.resource, "canonical", None), r.method) for r in app.router.routes()
     }
@@ -155,4 +172,5 @@ def add_web_routes(
     app.router.add_get("/web/app.css", static("app.css"))
     app.router.add_get("/web/config.json", config_json)
     app.router.add_get("/web/alerts", alerts_json)
+    app.router.add_get("/web/health", health_json)
     return index
