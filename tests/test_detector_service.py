@@ -299,9 +299,9 @@ async def test_an_open_lag_alert_survives_a_restart_once(tmp_path: Path) -> None
                                data[30:40], seq0=6)
     await run_until(third, lambda: third.stats.model_steps == 10 * 8
                     and third._lag_alert is None)
-    lag = [a for a in (AlertRecord.from_bytes(m.value)
+    lag = [a for a in (decode_alerts_topic(m.value)
                        for m in await _read_all(transport, topics.alerts))
-           if a.source == LAG_SOURCE]
+           if isinstance(a, AlertRecord) and a.source == LAG_SOURCE]
     assert [(a.state, a.id) for a in lag] == [(AlertState.FIRING, opened.id),
                                               (AlertState.RESOLVED, opened.id)]
     await transport.close()
