@@ -10,7 +10,8 @@
 # (ruff or mypy failing also fails the run; "no tests collected" counts as a failure).
 #
 # Environment: PYTHON (default python3), FLEETPULSE_KAFKA_* (see scripts/kafka.sh),
-# FLEETPULSE_SKIP_INSTALL=1 to reuse .venv as it is (quick local reruns).
+# FLEETPULSE_SKIP_INSTALL=1 to reuse .venv as it is (quick local reruns),
+# FLEETPULSE_TEST_WORKERS (pytest-xdist workers, default 2; 0: one process).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -95,7 +96,16 @@ step "mypy"
 
 step "pytest"
 set +e
-"$VENV/bin/python" -m pytest "$@"
+# Two workers, a file per worker at a time (--dist loadfile: a file's module fixtures and
+# order stay together). Most of the suite's time is waiting on real brokers, outages and
+# processes, so two workers on two cores overlap the waits; every test uses its own topic
+# prefix, temp dirs and ports. FLEETPULSE_TEST_WORKERS=0 runs in one process.
+WORKERS="${FLEETPULSE_TEST_WORKERS:-2}"
+if [[ "$WORKERS" == "0" ]]; then
+    "$VENV/bin/python" -m pytest "$@"
+else
+    "$VENV/bin/python" -m pytest -n "$WORKERS" --dist loadfile "$@"
+fi
 pytest_status=$?
 set -e
 if [[ $pytest_status -eq 5 ]]; then
