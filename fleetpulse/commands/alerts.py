@@ -19,9 +19,9 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from fleetpulse.config import ConfigError, load_config, transport_overrides
+from fleetpulse.config import ConfigError
 from schemas.errors import DecodeError
 from schemas.records import AlertRecord, AlertState, IncidentRecord, decode_alerts_topic
 
@@ -70,21 +70,10 @@ def format_row(rec: AlertRecord) -> str:
 
 
 async def _tail(args: argparse.Namespace, out: TextIO) -> int:
-    from fleetpulse.transport import TransportConfig, open_transport
+    from fleetpulse.commands.topic_reader import transport_from_args
     from schemas.topics import Topics
 
-    table: dict[str, Any] = {}
-    if args.config:
-        import tomllib
-
-        try:
-            with open(args.config, "rb") as fh:
-                table = dict(tomllib.load(fh).get("transport", {}))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"config file {args.config}: {exc}") from exc
-    table.update(transport_overrides(bootstrap=args.bootstrap, topic_prefix=args.prefix))
-    cfg = load_config(TransportConfig, overrides=table)
-    transport = open_transport(cfg)
+    transport, cfg = transport_from_args(args)
     await transport.start()
     topics = Topics(cfg.topic_prefix)
     stop = asyncio.Event()
