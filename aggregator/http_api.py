@@ -32,6 +32,7 @@ from aiohttp import web
 from aggregator.http_errors import api_error_middleware, error_response
 from aggregator.promql import PromQLError
 from aggregator.query_engine import QueryEngine, QueryError, SeriesResult
+from aggregator.remote_read import answer as remote_read_answer
 
 __all__ = ["ENGINE_KEY", "MAX_BODY", "MAX_QUERY_CHARS", "Runner", "add_query_routes",
            "build_query_app", "openapi_document"]
@@ -165,7 +166,8 @@ def _promql(text: str, name: str) -> str:
     return text
 
 
-Handler = Callable[[web.Request, QueryEngine, dict[str, list[str]]], Awaitable[web.Response]]
+Handler = Callable[[web.Request, QueryEngine, dict[str, list[str]]],
+                   Awaitable[web.StreamResponse]]
 
 
 async def _inline(fn: Callable[[], Any]) -> Any:
@@ -179,8 +181,8 @@ async def _engine(request: web.Request, fn: Callable[[], T]) -> T:
     return result
 
 
-def _wrap(fn: Handler) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def handler(request: web.Request) -> web.Response:
+def _wrap(fn: Handler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
         engine = request.app[ENGINE_KEY]
         try:
             params = await _params(request)
@@ -266,6 +268,12 @@ async def _metadata(request: web.Request, engine: QueryEngine,
                 for m in CATALOG if wanted in (None, m.name)})
 
 
+async def _remote_read(request: web.Request, engine: QueryEngine,
+                       params: dict[str, list[str]]) -> web.StreamResponse:
+    """Prometheus' remote read (:mod:`aggregator.remote_read`), on the app's runner."""
+    return await remote_read_answer(request, engine, lambda fn: _engine(request, fn), params)
+
+
 async def _openapi(request: web.Request) -> web.Response:
     return web.Response(body=orjson.dumps(openapi_document()), content_type="application/json")
 
@@ -305,6 +313,7 @@ def add_query_routes(app: web.Application, engine: QueryEngine,
         app.router.add_get(path, h)
         if path.endswith(("query_range", "query", "series", "labels")):
             app.router.add_post(path, h)
+    app.router.add_post("/api/v1/read", _wrap(_remote_read))
     app.router.add_get("/api/v1/openapi.json", _openapi)
 
 
@@ -361,6 +370,12 @@ def openapi_document() -> dict[str, Any]:
                         "responses": ok},
                 "post": {"summary": "Series, form-encoded", "requestBody": form,
                          "responses": ok}},
+            "/api/v1/read": {"post": {
+                "summary": "Prometheus remote read: snappy-compressed prompb.ReadRequest; "
+                           "SAMPLES or STREAMED_XOR_CHUNKS answer",
+                "parameters": [{"name": "resolution", "in": "query",
+                                "schema": {"type": "string"}}],
+                "responses": ok}},
             "/api/v1/labels": {"get": {"summary": "Label names", "responses": ok},
                                "post": {"summary": "Label names", "responses": ok}},
             "/api/v1/status/buildinfo": {"get": {"summary": "Version of this fleetpulse",

@@ -305,6 +305,11 @@ class QueryEngine:
                 pos += k
         return out
 
+    def evaluate(self, sel: Selector, tier: str, t0: int, step: int, n: int) -> SeriesResult:
+        """One selector on a given tier and output grid (``t0 + k * step``, k < n): what the
+        remote-read API reads, with the same series and sample limits as a range query."""
+        return self._eval(sel, tier, t0, step, n)
+
     def _eval(self, expr: Selector | Aggregate, tier: str, t0: int, step: int,
               n: int) -> SeriesResult:
         if isinstance(expr, Selector):

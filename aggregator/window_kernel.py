@@ -161,6 +161,7 @@ def warm_up() -> None:
     would stall heartbeats and get the instance thrown out of its group, so the service
     calls this before it joins.
     """
+    from aggregator.prom_wire import warm_up as warm_prom_wire
     from aggregator.step_kernels import sketch_quantiles, step_reduce
     from aggregator.store.codec import warm_up as warm_codec
     from aggregator.store.downsample import warm_up as warm_downsample
@@ -184,3 +185,4 @@ def warm_up() -> None:
     warm_tiers()
     warm_codec()
     warm_downsample()
+    warm_prom_wire()

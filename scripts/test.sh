@@ -51,6 +51,20 @@ if ! command -v prometheus-alertmanager >/dev/null 2>&1; then
         echo "scripts/test.sh: no apt-get; install prometheus-alertmanager yourself" >&2
     fi
 fi
+# Debian's Prometheus (promtool too) and VictoriaMetrics for tests/test_remote_read.py,
+# tests/test_scrape.py and tests/test_remote_write.py; skipped when both are there.
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1 \
+        || ! command -v victoria-metrics >/dev/null 2>&1; then
+    step "system packages: prometheus, victoria-metrics"
+    if command -v apt-get >/dev/null 2>&1; then
+        SUDO=""
+        [[ "$(id -u)" -ne 0 ]] && SUDO="sudo"
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus victoria-metrics >/dev/null
+    else
+        echo "scripts/test.sh: no apt-get; install prometheus and victoria-metrics yourself" >&2
+    fi
+fi
 # <<< system installs <<<
 
 # ------------------------------------------------------------------ python environment
