@@ -55,10 +55,12 @@ class Instance:
         self.store.close()
 
 
-@pytest.fixture
-def fleet(tmp_path):
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Read-only for the tests: built once for the module."""
     fl = make_fleet(n_racks=4, nodes_per_rack=2, gpus=4, seconds=SECONDS, partitions=2)
-    insts = [Instance(tmp_path / f"agg{p}", fl, p) for p in (0, 1)]
+    path = tmp_path_factory.mktemp("remote-read")
+    insts = [Instance(path / f"agg{p}", fl, p) for p in (0, 1)]
     yield fl, insts
     for i in insts:
         i.close()
