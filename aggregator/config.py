@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aggregator.remote_write import RemoteWriteConfig
 from fleetpulse.config import ConfigError, TransportConfig
 
 __all__ = ["AggregatorConfig"]
@@ -59,6 +60,8 @@ class AggregatorConfig:
     agent whose clock jumped); 0 turns it off, for synthetic time run faster than real."""
     max_samples: int = 50_000_000
     """Most series x points one selector may read; more is refused (422) before reading."""
+    remote_write: RemoteWriteConfig = field(default_factory=RemoteWriteConfig)
+    """Send chosen levels and tiers to a Prometheus remote-write receiver (off: no url)."""
 
     @property
     def state_path(self) -> Path:

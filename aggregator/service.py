@@ -46,6 +46,7 @@ from aggregator.http_api import add_query_routes, build_query_app
 from aggregator.http_errors import JsonErrorRunner
 from aggregator.query_engine import QueryEngine, QueryLimits
 from aggregator.rack_stage import RackStage
+from aggregator.remote_write import RemoteWriteCollector, RemoteWriter
 from aggregator.row_stage import RowStage
 from aggregator.series_index import EntityIndex
 from aggregator.store import SeriesStore, StoreConfig
@@ -143,6 +144,11 @@ class AggregatorService:
                               max_future_ms=cfg.max_future_ms)
         self.row = RowStage(self.store, self.index, topic=self.topics.rollups,
                             lateness_ms=cfg.row_lateness_ms)
+        self.remote_write = None if not cfg.remote_write.url else RemoteWriter(
+            cfg.remote_write, self.store, self.index,
+            Path(cfg.remote_write.queue_dir or data / "remote_write"))
+        if self.remote_write is not None:
+            self.store.on_append = self.remote_write.offer
         self.engine = QueryEngine(self.store, self.index, QueryLimits(
             cfg.max_points_per_series, cfg.max_series, cfg.lookback_ms, cfg.max_samples),
             now_fn=self.data_time)
@@ -209,6 +215,8 @@ class AggregatorService:
         final cycle below with those rollups never published.
         """
         tasks = [asyncio.create_task(self._consume(loop)) for loop in self.loops]
+        sender = (asyncio.create_task(self.remote_write.run())
+                  if self.remote_write is not None else None)
         stopper = asyncio.create_task(self._stop.wait())
         try:
             done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -232,6 +240,9 @@ class AggregatorService:
                     await self.durable(loop, set(loop.owned))
                 if loop.consumer is not None:
                     await loop.consumer.stop()
+            if sender is not None and self.remote_write is not None:
+                self.remote_write.stop()
+                await sender
             await self.close()
 
     async def close(self) -> None:
@@ -241,6 +252,8 @@ class AggregatorService:
         await self.transport.close()
         await self.in_store(self.index.close)
         await self.in_store(self.store.close)
+        if self.remote_write is not None:
+            await self.in_store(self.remote_write.close)
         self._store_thread.shutdown(wait=True)
 
     async def _consume(self, loop: _Loop) -> None:
@@ -307,6 +320,8 @@ class AggregatorService:
         (see ``disk_health``)."""
         if not self.disk.flush(self.index, self.store):
             return {}
+        if self.remote_write is not None:
+            self.remote_write.seal()  # what is committed below is in its queue
         offsets: dict[TopicPartition, int] = {}
         for p in parts:
             ckpt = loop.stage.checkpoint(p)
@@ -376,6 +391,8 @@ class AggregatorService:
     def mount_metrics(self, app: web.Application) -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(self))
+        if self.remote_write is not None:
+            registry.register(RemoteWriteCollector(self.remote_write))
 
         async def metrics(request: web.Request) -> web.Response:
             self.gauges = await self.in_store(self._read_gauges)

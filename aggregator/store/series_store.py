@@ -27,6 +27,7 @@ import errno
 import fcntl
 import itertools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -253,6 +254,9 @@ class SeriesStore:
         self._newest: dict[str, int] = {}
         """Per tier, the newest timestamp appended since open: the clock of maintain()."""
         self._maintained: dict[str, int] = {}
+        self.on_append: Callable[[str, I64, I64, F64], None] | None = None
+        """Called with (tier, series_ids, ts, values[T, k]) after every append: how
+        :mod:`aggregator.remote_write` sees each point the store takes, re-derived ones too."""
         self.truncated_bytes = 0
         self.deferred_seals = 0
         """Full chunks kept open because the disk refused their write (see _seal)."""
@@ -365,6 +369,8 @@ class SeriesStore:
                 i += m
                 if group.n >= cap:
                     self._seal(tier, spec, group, may_defer=True)
+        if self.on_append is not None:
+            self.on_append(tier, ids, t, v)
 
     def _chunk(self, spec: TierSpec) -> int:
         return min(spec.chunk_samples or self.config.chunk_samples, self.config.chunk_samples)
