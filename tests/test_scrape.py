@@ -4,7 +4,9 @@ The agent (synthetic GPUs), the aggregator and the detector run as real processe
 session's Kafka broker; Debian's Prometheus scrapes the three /metrics endpoints and has
 the aggregator as its ``remote_read`` store. Checked: every target is up, ``promtool check
 metrics`` finds nothing to flag in any exposition, and the GPUs the agent samples come
-back through Prometheus' PromQL from the aggregator's raw tier.
+back through Prometheus' PromQL from the aggregator's raw tier. The aggregator also
+remote-writes its GPUs' 10 s tier to a real VictoriaMetrics (the service's wiring: the
+queue sealed at each durability cycle, the sender task, the counters on /metrics).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import aiohttp
 import pytest
 from alertmanager import free_port
 from prometheus import PROMTOOL, Prometheus, config, needs_prometheus
+from victoria import VictoriaMetrics, needs_victoria
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -56,8 +59,11 @@ async def _until(check, timeout_s: float, what: str, logs: list[Path]):  # type:
 
 
 @needs_prometheus
+@needs_victoria
 async def test_prometheus_scrapes_every_component_and_reads_the_aggregator(
         kafka_bootstrap: str, unique_prefix: str, tmp_path: Path) -> None:
+    vm = VictoriaMetrics(tmp_path / "vm")
+    await vm.start()
     ports = {"agent": free_port(), "aggregator": free_port(), "detector": free_port()}
     logs = {name: tmp_path / f"{name}.log" for name in ports}
     (tmp_path / "detector.toml").write_text(f"""
@@ -75,7 +81,9 @@ topic_prefix = "{unique_prefix}"
                 "--topic-prefix", unique_prefix, "--group", f"{unique_prefix}-agg"],
                {"FLEETPULSE_AGGREGATOR_LATENESS_MS": "1000",
                 "FLEETPULSE_AGGREGATOR_COMMIT_INTERVAL_MS": "500",
-                "FLEETPULSE_AGGREGATOR_SAMPLES_PARTITIONS": "2"}, logs["aggregator"]),
+                "FLEETPULSE_AGGREGATOR_SAMPLES_PARTITIONS": "2",
+                "FLEETPULSE_AGGREGATOR_REMOTE_WRITE__URL": vm.write_url,
+                "FLEETPULSE_AGGREGATOR_REMOTE_WRITE__SERIES": "gpu:10s"}, logs["aggregator"]),
         _spawn(["detector", "--config", str(tmp_path / "detector.toml"), "--quiet"], {},
                logs["detector"]),
         _spawn(["agent"], {
@@ -120,7 +128,21 @@ topic_prefix = "{unique_prefix}"
         got = await _until(sampled_gpus, 90, "the agent's GPUs through Prometheus",
                            [*logs.values(), prom.log])
         assert [dict(k) for k in got] == [{"node": "node-3"}] and next(iter(got.values())) > 0
+
+        async def written():
+            rows = await vm.export('{__name__="fleetpulse_gpu_temperature_celsius"}')
+            return {(r["metric"]["node"], r["metric"]["tier"]) for r in rows} or None
+
+        assert await _until(written, 60, "the GPUs' 10 s tier in VictoriaMetrics",
+                            [logs["aggregator"], vm.log]) == {("node-3", "10s")}
+        async with aiohttp.ClientSession() as s, s.get(
+                f"http://127.0.0.1:{ports['aggregator']}/metrics") as r:
+            text = await r.text()
+        sent = [float(x.split()[-1]) for x in text.splitlines()
+                if x.startswith("fleetpulse_remote_write_sent_samples_total ")]
+        assert sent and sent[0] > 0, text
     finally:
         prom.stop()
         for p in reversed(procs):
             _stop(p)
+        vm.stop()
