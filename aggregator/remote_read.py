@@ -22,7 +22,8 @@ value at the same time), or the raw samples at their own times when the selector
 most the query's step and a fifth of its range selector (Prometheus' read hints), never
 finer than 10 s.
 
-A matcher on a label fleetpulse does not have compares against the empty string, as in
+A series request (``/api/v1/series``, label values: read hint ``func="series"``) gets the
+series without samples, however long its range. A matcher on a label fleetpulse does not have compares against the empty string, as in
 Prometheus (``{job=""}`` selects everything, ``{job="x"}`` nothing). The query API's limits
 hold (series per query, samples per query: a 422) and errors have its JSON shape.
 """
@@ -148,6 +149,14 @@ def read_query(engine: QueryEngine, query: Any, resolution: str | None = None) -
     if sel is None or end < start:
         return empty
     tier = _tier(engine, sel, query, resolution)
+    if query.hints.func == "series":  # /api/v1/series, label values: no samples needed
+        res = engine.resolve(sel, tier)
+        return _sorted(engine.labels_of(res), np.zeros(res.eids.size, np.int64),
+                       np.zeros(0, np.int64), np.zeros(0), keep_empty=True)
+    spec = engine.store.tiers[tier]
+    now = engine.now_fn() if engine.now_fn else None
+    if now is not None and spec.retention_ms:
+        start = max(start, now - spec.retention_ms)  # nothing older is kept
     limit = engine.limits.max_samples
     if tier == "raw" and ("agg", "=", "raw") in sel.matchers:
         res = engine.resolve(sel, "raw")
@@ -159,7 +168,7 @@ def read_query(engine: QueryEngine, query: Any, resolution: str | None = None) -
         counts = kept[r.offsets[1:]] - kept[r.offsets[:-1]]
         labels, ts, values = engine.labels_of(res), r.ts[ok], r.values[ok]
     else:
-        width = engine.store.tiers[tier].resolution_ms or 1000
+        width = spec.resolution_ms or 1000
         first = -(-start // width) * width
         n = (end - end % width - first) // width + 1
         if n <= 0:
@@ -177,12 +186,14 @@ def read_query(engine: QueryEngine, query: Any, resolution: str | None = None) -
     return _sorted(labels, counts.astype(np.int64), ts, values)
 
 
-def _sorted(labels: list[dict[str, str]], counts: I64, ts: I64, values: F64) -> ReadSeries:
-    """Series with samples only, labels sorted by name, series by labels (TSDB order)."""
+def _sorted(labels: list[dict[str, str]], counts: I64, ts: I64, values: F64,
+            keep_empty: bool = False) -> ReadSeries:
+    """Series with samples only (unless ``keep_empty``), labels sorted by name, series by
+    labels (TSDB order)."""
     starts = np.zeros(counts.size + 1, np.int64)
     np.cumsum(counts, out=starts[1:])
     keyed = sorted((tuple(sorted(lab.items())), i) for i, lab in enumerate(labels)
-                   if counts[i] > 0)
+                   if keep_empty or counts[i] > 0)
     order = np.fromiter((i for _, i in keyed), np.int64, len(keyed))
     kept = counts[order]
     offsets = np.zeros(order.size + 1, np.int64)
