@@ -39,8 +39,8 @@ import numpy.typing as npt
 
 from aggregator.store.codec import _bitlen, _ctz, _finish, _put, _varint, _varint_len
 
-__all__ = ["CHUNK_SAMPLES", "crc32c", "encode_labels", "field", "frame", "sample_blocks",
-           "series_blocks", "uvarint", "warm_up", "xor_chunks"]
+__all__ = ["CHUNK_SAMPLES", "crc32c", "encode_labels", "field", "frame", "series_blocks",
+           "uvarint", "warm_up", "xor_chunks"]
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -69,40 +69,6 @@ def encode_labels(labels: Iterable[tuple[str, str]], number: int = 1) -> bytes:
     """Repeated ``Label`` messages as field ``number`` (labels in the order given)."""
     return b"".join(field(number, field(1, k.encode()) + field(2, v.encode()))
                     for k, v in labels)
-
-
-@nb.njit(cache=True)
-def _sample_blocks(ts: np.ndarray, vals: np.ndarray, offsets: np.ndarray
-                   ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
-    n = ts.size
-    buf = np.empty(n * 22 + 1, np.uint8)
-    bounds = np.zeros(offsets.size, np.int64)
-    bits = vals.view(np.uint64)
-    p = 0
-    for s in range(offsets.size - 1):
-        for i in range(offsets[s], offsets[s + 1]):
-            t = U64(ts[i])
-            buf[p] = 0x12
-            buf[p + 1] = np.uint8(10 + _varint_len(t))
-            buf[p + 2] = 0x09
-            b = bits[i]
-            for k in range(8):
-                buf[p + 3 + k] = np.uint8((b >> U64(8 * k)) & U64(0xFF))
-            buf[p + 11] = 0x10
-            p = _varint(buf, p + 12, t)
-        bounds[s + 1] = p
-    return buf[:p], bounds
-
-
-def sample_blocks(ts: I64, vals: F64, offsets: I64) -> tuple[bytes, list[int]]:
-    """Each series' repeated ``Sample`` fields (TimeSeries field 2), concatenated.
-
-    Series ``s`` is ``data[bounds[s]:bounds[s + 1]]``; ``offsets`` as a store read gives them.
-    """
-    buf, bounds = _sample_blocks(np.ascontiguousarray(ts, np.int64),
-                                 np.ascontiguousarray(vals, np.float64),
-                                 np.ascontiguousarray(offsets, np.int64))
-    return buf.tobytes(), bounds.tolist()
 
 
 @nb.njit(cache=True)
@@ -242,7 +208,6 @@ def warm_up() -> None:
     """Compile (or load from numba's cache) the kernels before the first remote read or
     write: a cold compile takes seconds, longer than a client's read timeout on a busy host."""
     ts, vals, offsets = np.zeros(2, np.int64), np.zeros(2), np.asarray([0, 2])
-    sample_blocks(ts, vals, offsets)
     series_blocks([b"\x0a\x00"], np.zeros((1, 1), np.int64), ts, vals, offsets)
     xor_chunks(ts, vals, offsets)
     crc32c(b"")

@@ -205,10 +205,10 @@ def _sorted(labels: list[dict[str, str]], counts: I64, ts: I64, values: F64,
 def samples_response(results: list[ReadSeries]) -> web.Response:
     parts = []
     for res in results:
-        data, bounds = prom_wire.sample_blocks(res.ts, res.values, res.offsets)
-        series = [prom_wire.field(1, prom_wire.encode_labels(lab) + data[a:b])
-                  for lab, a, b in zip(res.labels, bounds, bounds[1:], strict=False)]
-        parts.append(prom_wire.field(1, b"".join(series)))
+        blobs = [prom_wire.encode_labels(lab) for lab in res.labels]
+        each = np.arange(len(blobs), dtype=np.int64)[:, None]
+        parts.append(prom_wire.field(1, prom_wire.series_blocks(blobs, each, res.ts, res.values,
+                                                                res.offsets)))
     body = bytes(cramjam.snappy.compress_raw(b"".join(parts)))
     return web.Response(body=body, headers={"Content-Type": "application/x-protobuf",
                                             "Content-Encoding": "snappy"})
