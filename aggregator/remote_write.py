@@ -137,6 +137,8 @@ class RemoteWriter:
         self._agg_blobs = {c: prom_wire.encode_labels([("agg", a)]) for c, a in AGG_NAMES.items()}
         self._tier_blobs = [prom_wire.encode_labels([("tier", t)]) for t in self.tiers]
         self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The sender's loop: ``seal`` (store thread) wakes the sender through it."""
         self._stopping = False
 
     # ----------------------------------------------------------------- store thread
@@ -190,7 +192,9 @@ class RemoteWriter:
             with self._lock:
                 self.queue.append(_COUNT.pack(n), body)
                 self.stats.queued_samples += n
-        self._wake.set()
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nothing to wake
+                self._loop.call_soon_threadsafe(self._wake.set)
 
     def _encode(self, sids: I64, ts: I64, vals: F64, tier: I64) -> bytes:
         """One snappy WriteRequest; rows sorted by (tier, series, time)."""
@@ -238,6 +242,7 @@ class RemoteWriter:
                    "User-Agent": "fleetpulse-aggregator"}
         if self.cfg.bearer_token:
             headers["Authorization"] = f"Bearer {self.cfg.bearer_token}"
+        self._loop = asyncio.get_running_loop()
         backoff = self.cfg.retry_initial_s
         timeout = aiohttp.ClientTimeout(total=self.cfg.timeout_s)
         async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:

@@ -242,7 +242,10 @@ class AggregatorService:
                     await loop.consumer.stop()
             if sender is not None and self.remote_write is not None:
                 self.remote_write.stop()
-                await sender
+                try:
+                    await sender
+                except Exception:  # its queue is on disk: the next start sends it
+                    log.exception("remote write sender failed")
             await self.close()
 
     async def close(self) -> None:
