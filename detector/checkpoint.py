@@ -44,9 +44,10 @@ __all__ = [
     "shard_bytes",
 ]
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """2: thermal models with candidate lags, windowed error bursts, the thermal-excess rule.
-3: the frozen-sensor rule keeps each candidate lag's range and its time off the reading."""
+3: the frozen-sensor rule keeps each candidate lag's range and its time off the reading.
+4: the thermal-excess rule keeps the lags plausible while the GPU last ran as predicted."""
 
 
 class CheckpointError(RuntimeError):

@@ -106,7 +106,10 @@ class RuleContext:
     error_c: npt.NDArray[np.float64]
     """That model's recent prediction error (RMS, degC)."""
     excess_c: npt.NDArray[np.float64]
-    """Reading minus prediction, less the node peers' median of the same (NaN: none yet)."""
+    """Reading minus prediction, less the node peers' median of the same where that is
+    positive (heat the node shares; NaN: none yet) ..."""
+    lag_excess_c: npt.NDArray[np.float64]
+    """... and the same (G, lags) for every candidate lag's prediction."""
     clock_ref_hz: npt.NDArray[np.float64]
     """The SM clock the GPU should run at: the median of its node's busy peers, or (with
     fewer than two of them) the highest clock the GPU itself has shown."""
@@ -227,6 +230,8 @@ class FeatureState:
         lags the GPU's history cannot rule out."""
         self.last_resid = np.zeros(0)
         """Latest reading minus that prediction, where the rules may judge it (degC, NaN)."""
+        self.last_lag_resid = np.zeros((0, len(TAUS_S)))
+        """The same for every candidate lag (NaN where the prediction is not given)."""
 
     def ensure(self, n: int) -> None:
         if n <= self.n:
@@ -241,6 +246,8 @@ class FeatureState:
         self.last_plaus = np.concatenate([self.last_plaus,
                                           np.zeros((extra, len(TAUS_S)), dtype=bool)])
         self.last_resid = np.concatenate([self.last_resid, np.full(extra, np.nan)])
+        self.last_lag_resid = np.concatenate([self.last_lag_resid,
+                                              np.full((extra, len(TAUS_S)), np.nan)])
         self.thermal.ensure(n)
         self.n = n
 
@@ -273,8 +280,14 @@ class FeatureState:
         # Peers judge where three or more of them have a judged residual; a node with one GPU
         # reading temperature is its own yardstick; a node whose other GPUs cannot be judged
         # yet (their models are learning a new power) gives no excess at all.
-        excess = np.where(reading[inv] < 2, resid,
-                          np.where(finite[inv] >= 3, resid - peers, np.nan))
+        # Peers take out only heat they share: a node whose models read its dies too hot (a
+        # power the models learned with the wrong lag, right after a job ended) does not make
+        # a GPU that matches its own model "hotter than its peers". The GPU must be hotter
+        # than its own model and than the peers' median both.
+        shared = np.where(reading[inv] < 2, 0.0,
+                          np.where(finite[inv] >= 3, np.maximum(peers, 0.0), np.nan))
+        excess = resid - shared
+        lag_excess = self.last_lag_resid[ids] - shared[:, None]
         util = row[:, COL["utilization_ratio"]]
         clock = row[:, COL["sm_clock_hertz"]]
         busy_clock = np.where(np.isfinite(util) & (util >= 0.5), clock, np.nan)
@@ -283,7 +296,7 @@ class FeatureState:
                        np.where(self.max_clock[ids] > 0, self.max_clock[ids], np.nan))
         band, dwell = self.thermal.power_bin(ids)
         return RuleContext(self.last_pred[ids], self.last_cand[ids], self.last_plaus[ids],
-                           self.thermal.error_c(ids), excess, ref, band, dwell, inv)
+                           self.thermal.error_c(ids), excess, lag_excess, ref, band, dwell, inv)
 
     def step(
         self,
@@ -341,6 +354,7 @@ class FeatureState:
         self.last_cand[ids] = cand
         self.last_plaus[ids] = plaus
         self.last_resid[ids] = np.where(np.isfinite(pred), resid, np.nan)
+        self.last_lag_resid[ids] = temp[:, None] - cand
         feats[:, 2] = resid / 2.0
         np.nan_to_num(feats, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
         return feats.astype(np.float32), inc

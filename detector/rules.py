@@ -39,9 +39,12 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              not by a watt swing: a liquid-cooled die that holds one integer
                              through an all-reduce rhythm is predicted to hold it.
 thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's usual error)
-                             or more above what its own thermal model predicts for its power,
-                             beyond its node peers' median excess (an inlet change or a fan
-                             curve moves the whole node), for ``excess_after_s``: the heat path
+                             or more above what its own thermal model predicts for its power
+                             with every lag that was plausible while it last ran as predicted,
+                             and that far beyond its node peers' median excess when the peers
+                             run hot too (an inlet change or a fan curve moves the whole node;
+                             peers cooler than their models excuse nothing and accuse nothing),
+                             for ``excess_after_s``: the heat path
                              (paste, fan, pump, airflow) of this GPU degraded, whatever its load.
                              A node with one GPU reading temperature has no peers: its own
                              excess counts; on a node where fewer than three GPUs can be judged
@@ -191,7 +194,8 @@ class RuleBook:
 
     ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
               "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus", "stuck_kmin", "stuck_kmax", "stuck_err",
-              "run_max_s", "runs_n", "excess_since_ms", "excess_err", "deficit_since_ms",
+              "run_max_s", "runs_n", "excess_since_ms", "excess_err", "excess_kplaus",
+              "deficit_since_ms",
               "burst")
 
     def __init__(self, params: RuleParams) -> None:
@@ -230,6 +234,9 @@ class RuleBook:
         self.excess_err = np.zeros(0)
         """The thermal model's error while the GPU was not running hot: the bar's yardstick
         (a fault teaches the model to err, so its error during one is no measure)."""
+        self.excess_kplaus = np.zeros((0, len(TAUS_S)), dtype=bool)
+        """The lags plausible while the GPU last ran as its model predicts (none yet: those
+        plausible now)."""
         self.deficit_since_ms = np.zeros(0, dtype=np.int64)
         """Since when the GPU has run below its reference clock with no reason (0: not)."""
         self.burst = np.zeros((0, 2))
@@ -361,13 +368,23 @@ class RuleBook:
                          & (frozen_s >= 10.0 * self.run_max_s[ids, band]))
         cond[:, 5] = swung | stayed | unlike_itself
         val[:, 5] = temp
-        # Hotter than its own thermal model, and than its node peers.
-        excess = ctx.excess_c
+        # Hotter than its own thermal model, and than its node peers, whatever lag the GPU's
+        # history allowed while it ran as predicted: a die whose chosen lag is wrong for it
+        # (a cold plate judged as a bare heat sink after a job change) is explained by
+        # another lag. The plausible lags are those of the last time the GPU ran as its
+        # model predicted: a fault makes every lag err alike and so look plausible.
+        finite = np.isfinite(ctx.excess_c)
+        cool = finite & (np.abs(ctx.excess_c) < 0.5 * p.excess_c)
+        self.excess_err[ids] = np.where(cool, ctx.error_c, self.excess_err[ids])
+        kplaus = np.where(cool[:, None], ctx.plausible, self.excess_kplaus[ids])
+        self.excess_kplaus[ids] = kplaus
+        kplaus = np.where(kplaus.any(axis=1, keepdims=True), kplaus, ctx.plausible)
+        lag_excess = np.where(kplaus, ctx.lag_excess_c, np.nan)
+        excess = np.where(finite, np.fmin.reduce(lag_excess, axis=1), np.nan)
+        excess = np.where(np.isfinite(excess), excess, ctx.excess_c)
         finite = np.isfinite(excess)
         bar = np.maximum(p.excess_c, 4.0 * self.excess_err[ids])
         hot = finite & (excess >= bar)
-        cool = finite & (np.abs(excess) < 0.5 * p.excess_c)
-        self.excess_err[ids] = np.where(cool, ctx.error_c, self.excess_err[ids])
         since = self.excess_since_ms[ids]
         since = np.where(hot, np.where(since > 0, since, ts_ms), 0)
         self.excess_since_ms[ids] = since

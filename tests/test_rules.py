@@ -137,6 +137,23 @@ def test_thermal_excess_fires_on_a_gpu_hotter_than_its_own_model_not_on_a_node_w
     assert 1750 <= excess[0][3] <= 1840, excess
 
 
+def test_thermal_excess_does_not_accuse_a_gpu_whose_node_peers_run_cooler_than_their_models(
+) -> None:
+    shard, ids, nodes = _shard()
+    data = healthy(2000, 8, seed=4)
+    temp = COL["temperature_celsius"]
+    # Node 1: three of its four GPUs read 12 degC cooler than before from step 1700 (a job
+    # ended on them and their models have it wrong, or their inlet cooled); GPU 4 goes on
+    # reading what its own model predicts. It is not "hotter than its peers": peers that
+    # run cooler than their models take out no shared heat, so they accuse nothing.
+    data[1700:, 5:8, temp] -= np.round(np.minimum(np.arange(300) / 100.0, 1.0) * 12.0)[:, None]
+    # Node 0: GPU 2 heats as in the test above, and is still found.
+    data[1700:, 2, temp] += np.round(np.minimum(np.arange(300) / 100.0, 1.0) * 14.0)
+    got = _rule_alerts(shard.process(ids, nodes, timestamps(2000), data))
+    excess = [g for g in got if g[1] == "rule:thermal_excess"]
+    assert {g[2] for g in excess} == {"node-0/gpu-2"}, excess
+
+
 def test_clock_deficit_finds_a_busy_gpu_slow_for_no_reason_but_not_a_capped_or_idle_one() -> None:
     shard, ids, nodes = _shard()
     data = healthy(600, 8, seed=6)
