@@ -39,6 +39,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from aggregator.attribution_stage import AttributionStage
+from aggregator.attribution_table import AttributionTable
 from aggregator.checkpoint import PartitionCheckpoint, load_checkpoint, save_checkpoint
 from aggregator.config import AggregatorConfig
 from aggregator.disk_health import DiskHealth
@@ -50,6 +52,7 @@ from aggregator.row_stage import RowStage
 from aggregator.series_index import EntityIndex
 from aggregator.store import SeriesStore, StoreConfig
 from aggregator.window_kernel import warm_up
+from aggregator.workload_query import WorkloadQuery
 from fleetpulse.transport import (
     Consumer,
     Message,
@@ -143,12 +146,18 @@ class AggregatorService:
                               max_future_ms=cfg.max_future_ms)
         self.row = RowStage(self.store, self.index, topic=self.topics.rollups,
                             lateness_ms=cfg.row_lateness_ms)
+        self.table = AttributionTable(data / "attribution.jsonl")
+        self.attribution = AttributionStage(self.table, topic=self.topics.events)
         self.engine = QueryEngine(self.store, self.index, QueryLimits(
             cfg.max_points_per_series, cfg.max_series, cfg.lookback_ms, cfg.max_samples),
-            now_fn=self.data_time)
+            now_fn=self.data_time,
+            workloads=WorkloadQuery(self.table, self.store, self.index, cfg.max_series))
         self.loops = [_Loop(self, self.rack, self.topics.samples, cfg.group_id)]
         if cfg.row_stage:
             self.loops.append(_Loop(self, self.row, self.topics.rollups, f"{cfg.group_id}-rows"))
+        if cfg.workloads:
+            self.loops.append(_Loop(self, self.attribution, self.topics.events,
+                                    f"{cfg.group_id}-workloads"))
         self.dead_letters = 0
         self.disk = DiskHealth()
         self.rollups_published = 0
@@ -173,6 +182,7 @@ class AggregatorService:
             self.topics.samples: self.cfg.samples_partitions,
             self.topics.rollups: self.cfg.rollups_partitions,
             self.topics.deadletter: 1,
+            **({self.topics.events: self.cfg.samples_partitions} if self.cfg.workloads else {}),
         })
         for loop in self.loops:
             loop.consumer = self.transport.consumer([loop.topic], loop.group, listener=loop)
@@ -240,6 +250,7 @@ class AggregatorService:
             self._runner = None
         await self.transport.close()
         await self.in_store(self.index.close)
+        await self.in_store(self.table.close)
         await self.in_store(self.store.close)
         self._store_thread.shutdown(wait=True)
 
@@ -404,7 +415,8 @@ class _Collector(Collector):
                                   "Partitions this instance owns.", labels=["stage"])
         g = s.gauges
         for i, loop in enumerate(s.loops):
-            name = "rack" if loop.stage is s.rack else "row"
+            name = ("rack" if loop.stage is s.rack else "row" if loop.stage is s.row
+                    else "workloads")
             lag.add_metric([name], loop.lag)
             opened.add_metric([name], g["open"][i] if g else 0)
             owned.add_metric([name], len(loop.owned))
