@@ -45,8 +45,8 @@ class AggregatorConfig:
     row_stage: bool = True
     """Run the row/cluster stage in this process too."""
     workloads: bool = True
-    """Read the events topic (group ``<group_id>-workloads``) for workload attribution, so
-    the query API answers ``level="job"`` and ``level="namespace"``."""
+    """Read the whole events topic (a group of its own per data directory) for workload
+    attribution, so the query API answers ``level="job"`` and ``level="namespace"``."""
     fsync: bool = True
     """fsync at every flush; off only for throwaway benchmarks."""
     bearer_token: str = ""

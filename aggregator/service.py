@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -81,8 +82,11 @@ class _Stage(Protocol):
 class _Loop:
     """One consumer feeding one stage, with its rebalance listener."""
 
-    def __init__(self, service: AggregatorService, stage: _Stage, topic: str, group: str) -> None:
+    def __init__(self, service: AggregatorService, stage: _Stage, topic: str, group: str,
+                 state_dir: Path | None = None) -> None:
         self.service = service
+        self.state_dir = state_dir or service.state_dir
+        """Where this loop's partition checkpoints live (shared by the group, or private)."""
         self.stage = stage
         self.topic = topic
         self.group = group
@@ -126,7 +130,7 @@ class _Loop:
 
     def _assign(self, partitions: list[int]) -> None:
         for p in partitions:
-            self.stage.assign(p, load_checkpoint(self.service.state_dir, self.topic, p))
+            self.stage.assign(p, load_checkpoint(self.state_dir, self.topic, p))
 
 
 class AggregatorService:
@@ -156,8 +160,13 @@ class AggregatorService:
         if cfg.row_stage:
             self.loops.append(_Loop(self, self.row, self.topics.rollups, f"{cfg.group_id}-rows"))
         if cfg.workloads:
+            # Every instance reads the whole events topic (a group of its own, named after its
+            # data directory, checkpointed beside its store): a job's GPUs may sit on any
+            # instance's racks, and attribution events are few.
+            key = hashlib.sha1(str(data.resolve()).encode()).hexdigest()[:12]
             self.loops.append(_Loop(self, self.attribution, self.topics.events,
-                                    f"{cfg.group_id}-workloads"))
+                                    f"{cfg.group_id}-workloads-{key}",
+                                    data / "workloads-state"))
         self.dead_letters = 0
         self.disk = DiskHealth()
         self.rollups_published = 0
@@ -321,7 +330,7 @@ class AggregatorService:
         offsets: dict[TopicPartition, int] = {}
         for p in parts:
             ckpt = loop.stage.checkpoint(p)
-            save_checkpoint(self.state_dir, ckpt)
+            save_checkpoint(loop.state_dir, ckpt)
             offsets[(loop.topic, p)] = ckpt.resume_offset
         return offsets
 
