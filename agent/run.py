@@ -135,7 +135,7 @@ class Agent:
         self.sampler = sampler
         if cfg.metrics.enabled:
             self.metrics_server = serve_metrics(
-                AgentCollector(sampler.stats, source, self.publishers),
+                AgentCollector(sampler.stats, source, self.publishers, self.attribution),
                 cfg.metrics.host, cfg.metrics.port)
         events.put_nowait(agent_event(
             EventKind.AGENT_START, self.identity, agent_id, version=__version__,

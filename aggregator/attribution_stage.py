@@ -1,4 +1,4 @@
-"""The events-topic stage: attribution and XID events -> :class:`AttributionTable`.
+"""The events- and alerts-topic stage: attributions, XIDs, GPU alerts -> the table.
 
 It has the shape of the other stages (assign / revoke / process / checkpoint), so the
 service drives it with the same consumer loop and durability cycle: the table is handed to
@@ -7,7 +7,8 @@ committed. Replaying from an older offset folds events the table already has, wh
 nothing (the table is keyed by facts), so the workload rollups are the same after a kill -9.
 
 A record that does not decode, or an attribution that fails validation, is dead-lettered
-with its reason; other event kinds are skipped (the detector reads them).
+with its reason; other event kinds are skipped (the detector reads them). One instance per
+topic (``alerts=True`` for the alerts topic: incident records are skipped).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from aggregator.attribution_table import AttributionTable
 from aggregator.checkpoint import PartitionCheckpoint
 from fleetpulse.transport.base import Message
 from schemas.errors import DecodeError
-from schemas.records import EventRecord
+from schemas.records import AlertRecord, EventRecord, decode_alerts_topic
 
 __all__ = ["AttributionStage"]
 
@@ -24,9 +25,10 @@ __all__ = ["AttributionStage"]
 class AttributionStage:
     """See the module docstring."""
 
-    def __init__(self, table: AttributionTable, *, topic: str) -> None:
+    def __init__(self, table: AttributionTable, *, topic: str, alerts: bool = False) -> None:
         self.table = table
         self.topic = topic
+        self.alerts = alerts
         self.positions: dict[int, int] = {}
         self.events = 0
         self.decode_errors = 0
@@ -51,12 +53,15 @@ class AttributionStage:
                 continue
             self.positions[msg.partition] = msg.offset + 1
             try:
-                rec = EventRecord.from_bytes(msg.value)
-                if self.table.observe(rec):
-                    self.events += 1
+                if self.alerts:
+                    rec = decode_alerts_topic(msg.value)
+                    new = isinstance(rec, AlertRecord) and self.table.observe_alert(rec)
+                else:
+                    new = self.table.observe(EventRecord.from_bytes(msg.value))
+                self.events += int(new)
             except DecodeError as exc:
                 self.decode_errors += 1
-                dead.append((msg, f"event record: {exc}"))
+                dead.append((msg, f"{'alert' if self.alerts else 'event'} record: {exc}"))
         return dead, []
 
     def checkpoint(self, partition: int) -> PartitionCheckpoint:

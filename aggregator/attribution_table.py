@@ -11,7 +11,8 @@ An attachment still open ends where the next attachment of the same GPU begins (
 restarted and re-announced, or missed the end): :meth:`spans` applies that at read time.
 
 XID events are kept too (GPU path, time, code): a job's XIDs are those of its GPUs during
-its attachments.
+its attachments; so are GPU alerts (from the alerts topic: id and start), a job's alerts
+being those that started on its GPUs while attached.
 
 Persistence: an append-only JSON-lines file beside the entity index, one line per new fact,
 handed to the OS at once (what survives a kill -9 of the process) and fsynced by
@@ -28,7 +29,7 @@ from pathlib import Path
 import orjson
 
 from schemas.attribution import Attachment
-from schemas.records import EventKind, EventRecord
+from schemas.records import AlertRecord, EventKind, EventRecord
 
 __all__ = ["AttributionTable", "Span"]
 
@@ -54,6 +55,8 @@ class AttributionTable:
         self._labels: dict[tuple[str, str, int], dict[str, str]] = {}
         self.xids: dict[str, set[tuple[int, int]]] = {}
         """GPU path -> {(ts_ms, xid)}."""
+        self.alerts: dict[str, dict[str, int]] = {}
+        """GPU path -> {alert id: started_ms}."""
         self.unmapped = 0
         """Attribution events without a GPU index (a MIG uuid the agent could not place)."""
         self.version = 0
@@ -82,6 +85,8 @@ class AttributionTable:
                 break
             if "xid" in rec:
                 self._xid(rec["gpu"], rec["ts"], rec["xid"])
+            elif "alert" in rec:
+                self._alert(rec["gpu"], rec["alert"], rec["ts"])
             else:
                 self._attach(rec["gpu"], rec["workload"], rec["labels"], rec["from"], rec["to"])
             good += len(line) + 1
@@ -113,6 +118,25 @@ class AttributionTable:
                          "from": att.from_ms, "to": att.to_ms})
             return True
         return False
+
+    def observe_alert(self, rec: AlertRecord) -> bool:
+        """Fold one alert transition (GPU level only); True if it is a new alert."""
+        head, sep, index = rec.entity.rpartition("/gpu-")
+        if rec.level != "gpu" or not sep or not index.isdigit():
+            return False
+        path = f"{head}/{index}"
+        if self._alert(path, rec.id, rec.started_ms):
+            self._write({"gpu": path, "alert": rec.id, "ts": rec.started_ms})
+            return True
+        return False
+
+    def _alert(self, path: str, alert: str, ts: int) -> bool:
+        seen = self.alerts.setdefault(path, {})
+        if alert in seen:
+            return False
+        seen[alert] = ts
+        self.version += 1
+        return True
 
     def _xid(self, path: str, ts: int, xid: int) -> bool:
         seen = self.xids.setdefault(path, set())

@@ -83,8 +83,10 @@ class _Loop:
     """One consumer feeding one stage, with its rebalance listener."""
 
     def __init__(self, service: AggregatorService, stage: _Stage, topic: str, group: str,
-                 state_dir: Path | None = None) -> None:
+                 state_dir: Path | None = None, name: str = "") -> None:
         self.service = service
+        self.name = name or ("rack" if stage is service.rack else "row")
+        """The ``stage`` label of its /metrics."""
         self.state_dir = state_dir or service.state_dir
         """Where this loop's partition checkpoints live (shared by the group, or private)."""
         self.stage = stage
@@ -152,6 +154,7 @@ class AggregatorService:
                             lateness_ms=cfg.row_lateness_ms)
         self.table = AttributionTable(data / "attribution.jsonl")
         self.attribution = AttributionStage(self.table, topic=self.topics.events)
+        self.alert_counts = AttributionStage(self.table, topic=self.topics.alerts, alerts=True)
         self.engine = QueryEngine(self.store, self.index, QueryLimits(
             cfg.max_points_per_series, cfg.max_series, cfg.lookback_ms, cfg.max_samples),
             now_fn=self.data_time,
@@ -164,9 +167,11 @@ class AggregatorService:
             # data directory, checkpointed beside its store): a job's GPUs may sit on any
             # instance's racks, and attribution events are few.
             key = hashlib.sha1(str(data.resolve()).encode()).hexdigest()[:12]
-            self.loops.append(_Loop(self, self.attribution, self.topics.events,
-                                    f"{cfg.group_id}-workloads-{key}",
-                                    data / "workloads-state"))
+            for stage, topic, name in ((self.attribution, self.topics.events, "workloads"),
+                                       (self.alert_counts, self.topics.alerts,
+                                        "workload-alerts")):
+                self.loops.append(_Loop(self, stage, topic, f"{cfg.group_id}-{name}-{key}",
+                                        data / "workloads-state", name))
         self.dead_letters = 0
         self.disk = DiskHealth()
         self.rollups_published = 0
@@ -191,7 +196,8 @@ class AggregatorService:
             self.topics.samples: self.cfg.samples_partitions,
             self.topics.rollups: self.cfg.rollups_partitions,
             self.topics.deadletter: 1,
-            **({self.topics.events: self.cfg.samples_partitions} if self.cfg.workloads else {}),
+            **({self.topics.events: self.cfg.samples_partitions,
+                self.topics.alerts: self.cfg.samples_partitions} if self.cfg.workloads else {}),
         })
         for loop in self.loops:
             loop.consumer = self.transport.consumer([loop.topic], loop.group, listener=loop)
@@ -424,8 +430,7 @@ class _Collector(Collector):
                                   "Partitions this instance owns.", labels=["stage"])
         g = s.gauges
         for i, loop in enumerate(s.loops):
-            name = ("rack" if loop.stage is s.rack else "row" if loop.stage is s.row
-                    else "workloads")
+            name = loop.name
             lag.add_metric([name], loop.lag)
             opened.add_metric([name], g["open"][i] if g else 0)
             owned.add_metric([name], len(loop.owned))

@@ -24,7 +24,9 @@ Besides the catalog metrics, three workload metrics:
 * ``fleetpulse_workload_throttled_seconds``: GPU time in windows whose clock-event reasons
   reached a slowdown bit (a value >= 4: anything but idle and application clocks), at the
   10 s tier or the tier asked for;
-* ``fleetpulse_workload_xids``: XID events on the workload's GPUs while attached.
+* ``fleetpulse_workload_xids``: XID events on the workload's GPUs while attached;
+* ``fleetpulse_workload_alerts``: GPU alerts (from the alerts topic) that started on the
+  workload's GPUs while attached.
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ WORKLOAD_LABELS: Final = ("level", "job", "namespace", "pod", "container", "tena
 GPU_SECONDS: Final = "fleetpulse_workload_gpu_seconds"
 THROTTLED_SECONDS: Final = "fleetpulse_workload_throttled_seconds"
 XIDS: Final = "fleetpulse_workload_xids"
-WORKLOAD_METRICS: Final = (GPU_SECONDS, THROTTLED_SECONDS, XIDS)
+ALERTS: Final = "fleetpulse_workload_alerts"
+WORKLOAD_METRICS: Final = (GPU_SECONDS, THROTTLED_SECONDS, XIDS, ALERTS)
 _THROTTLE_ID: Final = BY_NAME["fleetpulse_gpu_clock_event_reasons"].id
 _SLOWDOWN_MIN: Final = 4.0
 _QUANTILES: Final = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
@@ -213,10 +216,12 @@ class WorkloadQuery:
             for _, a, b in g.paths:
                 out += np.maximum(np.minimum(grid, b) - np.maximum(grid - step, a), 0) / 1000
             return out
-        if name == XIDS:
+        if name in (XIDS, ALERTS):
             out = np.zeros(n)
             for path, a, b in g.paths:
-                for at, _ in self.table.xids.get(path, ()):
+                times = ([at for at, _ in self.table.xids.get(path, ())] if name == XIDS
+                         else list(self.table.alerts.get(path, {}).values()))
+                for at in times:
                     if a <= at < b:
                         i = (at - t0) // step + 1
                         if 0 <= i < n:

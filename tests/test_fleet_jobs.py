@@ -73,3 +73,29 @@ async def test_job_mapping_files_become_attribution_events(tmp_path: Path) -> No
                   if a.to_ms is not None]
     assert first <= {a.workload for a in ended}
     assert all(a.to_ms is not None and a.to_ms - a.from_ms >= 30_000 for a in ended)
+
+
+async def test_fleet_command_publishes_attribution_events(tmp_path: Path) -> None:
+    from agent.fleet.config import FleetConfig
+    from agent.fleet.live import run_live
+    from fleetpulse.config import TransportConfig
+    from fleetpulse.transport import open_transport
+    from schemas.records import EventRecord
+    from schemas.topics import Topics
+
+    bootstrap = f"memory://fleet-jobs-{tmp_path.name}"
+    cfg = FleetConfig(gpus=64, duration_s=60, realtime=False, progress_s=0,
+                      jobs_dir=str(tmp_path / "jobs"), job_min_s=10, job_max_s=40,
+                      transport=TransportConfig(bootstrap=bootstrap))
+    reader = open_transport(cfg.transport)
+    await reader.start()
+    consumer = reader.consumer([Topics().events], "check")
+    summary = await run_live(cfg, progress=None)
+    recs = []
+    while batch := await consumer.getmany(timeout_ms=200):
+        recs += [EventRecord.from_bytes(m.value) for m in batch]
+    await consumer.stop()
+    await reader.close()
+    atts = [Attachment.from_event(r) for r in recs if r.kind is EventKind.ATTRIBUTION]
+    assert summary["jobs_started"] > 0 and summary["events"] >= len(atts) > 0
+    assert any(a.to_ms is not None for a in atts)  # jobs of 10-40 s end within the minute

@@ -27,7 +27,7 @@ from aggregator.workload_query import WorkloadQuery
 from fleetpulse.config import TransportConfig
 from fleetpulse.transport import open_transport
 from schemas.attribution import Attachment
-from schemas.records import EventKind, EventRecord
+from schemas.records import AlertRecord, AlertState, EventKind, EventRecord, Severity
 from schemas.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -38,6 +38,7 @@ QUERIES = (
     'fleetpulse_gpu_energy_consumption_joules_total{level="job"}',
     'fleetpulse_workload_gpu_seconds{level="job"}',
     'fleetpulse_workload_xids{level="job"}',
+    'fleetpulse_workload_alerts{level="job"}',
 )
 
 
@@ -77,7 +78,11 @@ def produced_jobs(kafka_bootstrap):
         await t.start()
         topics = Topics(prefix)
         await t.ensure_topics({topics.samples: PARTITIONS, topics.events: PARTITIONS,
-                               topics.rollups: 2, topics.deadletter: 1})
+                               topics.alerts: 2, topics.rollups: 2, topics.deadletter: 1})
+        node = fl.nodes[5]
+        alert = AlertRecord("a-1", f"{node.path}/gpu-2", "gpu", AlertState.FIRING,
+                            Severity.WARNING, "rule:x", "s", 1.0, 1.0, T0 + 50_000, T0 + 50_000)
+        await t.send_and_wait(topics.alerts, alert.to_bytes(), key=alert.key)
         futs = [await t.send(topics.events, v, key=k) for v, k in events[:half]]
         futs += [await t.send(topics.samples, v, key=k)
                  for v, k in zip(fl.frames, fl.keys, strict=True)]
@@ -92,8 +97,9 @@ def produced_jobs(kafka_bootstrap):
 def _drained(inst: Instance) -> None:
     wait_drained([inst])
     deadline = time.monotonic() + 60
-    while inst.metrics().get('fleetpulse_aggregator_partitions{stage="workloads"}') \
-            != PARTITIONS or inst.lag_and_partitions()[0] != 0:
+    while (m := inst.metrics()).get('fleetpulse_aggregator_partitions{stage="workloads"}') \
+            != PARTITIONS or m.get('fleetpulse_aggregator_partitions{stage="workload-alerts"}') \
+            != 2 or inst.lag_and_partitions()[0] != 0:
         assert time.monotonic() < deadline, inst.log.read_text()[-2000:]
         time.sleep(0.2)
 
@@ -132,6 +138,9 @@ def test_kill9_then_restart_gives_identical_job_rollups(produced_jobs, tmp_path)
     jobs = {k[2] for k in want if "'job', 'J1'" in k[2]}
     assert jobs, sorted(want)[:5]
     sums = [np.frombuffer(v) for k, v in want.items() if "'agg', 'sum'" in k[2]]
+    alerts = [np.nansum(np.frombuffer(v)) for k, v in want.items()
+              if k[0] == "10s" and "workload_alerts" in k[2]]
+    assert sorted(alerts) == [0.0, 1.0]  # J1's one alert; J2 none
     assert sums and all(np.isfinite(s).any() for s in sums)
 
     crash = Instance(tmp_path, "crash", bootstrap, prefix, f"{prefix}-crash",

@@ -19,7 +19,7 @@ from aggregator.workload_query import WorkloadQuery
 from fleetpulse.transport.base import Message
 from schemas.attribution import Attachment
 from schemas.identity import NodeIdentity
-from schemas.records import EventKind, EventRecord
+from schemas.records import AlertRecord, AlertState, EventKind, EventRecord, Severity
 
 LATE = 5000
 SECONDS = 200
@@ -71,6 +71,17 @@ def world(tmp_path):
     rack.process(fl.messages)
     dead += stage.process(msgs[5:])[0]
     assert [reason.split(":")[0] for _, reason in dead] == ["event record"]
+    alerts = AttributionStage(table, topic="t.alerts", alerts=True)
+    n0 = fl.nodes[0]
+    recs = [AlertRecord(f"a{i}", f"{n0.path}/gpu-{g}", "gpu", state, Severity.WARNING,
+                        "rule:x", "s", 1.0, 1.0, T0 + at, T0 + at + 1)
+            for i, (g, at) in enumerate(((0, 20_000), (1, 45_000), (3, 20_000)))
+            for state in (AlertState.FIRING, AlertState.RESOLVED)]
+    rack_alert = AlertRecord("r", n0.path.rsplit("/", 1)[0], "rack", AlertState.FIRING,
+                             Severity.WARNING, "rule:x", "s", 1.0, 1.0, T0 + 20_000, T0)
+    amsgs = [Message("t.alerts", 0, i, b"k", r.to_bytes(), 0)
+             for i, r in enumerate([*recs, rack_alert])]
+    assert alerts.process(amsgs) == ([], [])
     engine = QueryEngine(store, index, workloads=WorkloadQuery(table, store, index))
     yield fl, engine, store, index, table
     store.close()
@@ -128,6 +139,8 @@ def test_job_rollups_equal_sums_over_the_jobs_own_samples(world) -> None:
         == pytest.approx(want, rel=1e-13)
     assert _one(engine, 'fleetpulse_workload_gpu_seconds{level="job",job="J1"}') == 60.0
     assert _one(engine, 'fleetpulse_workload_xids{level="job",job="J1"}') == 1.0
+    # one alert on J1's GPUs while attached (another after it ended, one on another GPU)
+    assert _one(engine, 'fleetpulse_workload_alerts{level="job",job="J1"}') == 1.0
 
 
 def test_job_quantiles_and_coarse_tiers(world) -> None:
