@@ -65,7 +65,7 @@ class AttributionStage:
         return dead, []
 
     def checkpoint(self, partition: int) -> PartitionCheckpoint:
-        self.table.flush()
+        """Call after the table's flush (the service's cycle flushes it with the store)."""
         pos = self.positions.get(partition, 0)
         return PartitionCheckpoint(topic=self.topic, partition=partition, resume_offset=pos,
                                    position=pos, watermark=0)

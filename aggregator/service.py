@@ -331,7 +331,7 @@ class AggregatorService:
 
         Nothing is checkpointed (and so nothing committed) when the disk refused the flush
         (see ``disk_health``)."""
-        if not self.disk.flush(self.index, self.store):
+        if not self.disk.flush(self.index, self.store, (self.table,)):
             return {}
         offsets: dict[TopicPartition, int] = {}
         for p in parts:

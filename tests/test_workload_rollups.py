@@ -4,6 +4,8 @@ and GPU-seconds -- and the attribution table gives the same answers after a cras
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from test_aggregator_support import ENERGY, T0, make_fleet, open_store
@@ -193,8 +195,9 @@ def test_attribution_table_is_the_same_after_a_crash_and_a_replay(tmp_path) -> N
     crashed = AttributionTable(path)
     stage = AttributionStage(crashed, topic=ETOPIC)
     stage.process(msgs[:7])
-    assert crashed._fh is not None
-    crashed._fh.close()  # no fsync, no close(): the process is gone
+    assert crashed._fd is not None
+    os.close(crashed._fd)  # no fsync, no close(): the process is gone
+    crashed._fd = None
     with open(path, "ab") as fh:
         fh.write(b'{"gpu": "torn')  # and the last line was torn mid-write
     again = AttributionTable(path)
