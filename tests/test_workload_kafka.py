@@ -2,9 +2,10 @@
 
 One topic prefix holds a 150 s fleet and its attribution events (half of them produced
 before the samples, half after, so the crash lands with events partly consumed). The
-reference instance runs uninterrupted; the other is killed with SIGKILL a third of the way
-through and restarted. Every job's and namespace's rollups, read from each instance's data
-directory, must be the same bits, and so must the attribution facts.
+reference is the same messages folded in this process without a crash (the stages are the
+service's own; a whole second instance would double the test's cost); the instance is killed
+with SIGKILL a third of the way through and restarted. Every job's and namespace's rollups,
+read from its data directory, must be the same bits, and so must the attribution facts.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ import pytest
 from test_aggregator_kafka import PARTITIONS, Instance, wait_drained
 from test_aggregator_support import T0, make_fleet
 
+from aggregator.attribution_stage import AttributionStage
 from aggregator.attribution_table import AttributionTable
 from aggregator.query_engine import QueryEngine
+from aggregator.rack_stage import RackStage
 from aggregator.series_index import EntityIndex
 from aggregator.store import SeriesStore, StoreConfig
 from aggregator.workload_query import WorkloadQuery
 from fleetpulse.config import TransportConfig
-from fleetpulse.transport import open_transport
+from fleetpulse.transport import Message, open_transport
 from schemas.attribution import Attachment
 from schemas.records import AlertRecord, AlertState, EventKind, EventRecord, Severity
 from schemas.topics import Topics
@@ -82,7 +85,7 @@ def produced_jobs(kafka_bootstrap):
         node = fl.nodes[5]
         alert = AlertRecord("a-1", f"{node.path}/gpu-2", "gpu", AlertState.FIRING,
                             Severity.WARNING, "rule:x", "s", 1.0, 1.0, T0 + 50_000, T0 + 50_000)
-        await t.send_and_wait(topics.alerts, alert.to_bytes(), key=alert.key)
+        await t.send_and_wait(topics.alerts, alert.to_bytes(), key=alert.key)  # as in _reference
         futs = [await t.send(topics.events, v, key=k) for v, k in events[:half]]
         futs += [await t.send(topics.samples, v, key=k)
                  for v, k in zip(fl.frames, fl.keys, strict=True)]
@@ -91,7 +94,10 @@ def produced_jobs(kafka_bootstrap):
         await t.close()
 
     asyncio.run(produce())
-    return kafka_bootstrap, prefix, len(fl.frames)
+    node = fl.nodes[5]
+    alert = AlertRecord("a-1", f"{node.path}/gpu-2", "gpu", AlertState.FIRING,
+                        Severity.WARNING, "rule:x", "s", 1.0, 1.0, T0 + 50_000, T0 + 50_000)
+    return kafka_bootstrap, prefix, len(fl.frames), fl, events, alert
 
 
 def _drained(inst: Instance) -> None:
@@ -102,6 +108,28 @@ def _drained(inst: Instance) -> None:
             != 2 or inst.lag_and_partitions()[0] != 0:
         assert time.monotonic() < deadline, inst.log.read_text()[-2000:]
         time.sleep(0.2)
+
+
+def _reference(produced: tuple[object, ...], data: Path) -> None:
+    """The uninterrupted run: the same frames, events and alert through the same stages."""
+    fl, events, alert = produced[3:6]
+    store = SeriesStore(StoreConfig(path=str(data / "store"), fsync=False))
+    index = EntityIndex(data / "entities.jsonl")
+    table = AttributionTable(data / "attribution.jsonl")
+    try:
+        rack = RackStage(store, index, topic="t.samples", lateness_ms=5000)
+        msgs = [Message("t.samples", 0, i, k, v, 0)
+                for i, (v, k) in enumerate(zip(fl.frames, fl.keys, strict=True))]
+        for i in range(0, len(msgs), 40):
+            rack.process(msgs[i:i + 40])
+        AttributionStage(table, topic="t.events").process(
+            [Message("t.events", 0, i, k, v, 0) for i, (v, k) in enumerate(events)])
+        AttributionStage(table, topic="t.alerts", alerts=True).process(
+            [Message("t.alerts", 0, 0, b"k", alert.to_bytes(), 0)])
+    finally:
+        store.close()
+        index.close()
+        table.close()
 
 
 def _answers(data: Path) -> dict[tuple[str, str, str], bytes]:
@@ -127,14 +155,9 @@ def _answers(data: Path) -> dict[tuple[str, str, str], bytes]:
 
 
 def test_kill9_then_restart_gives_identical_job_rollups(produced_jobs, tmp_path):
-    bootstrap, prefix, n_frames = produced_jobs
-    ref = Instance(tmp_path, "ref", bootstrap, prefix, f"{prefix}-ref", tmp_path / "ref-state")
-    ref.start()
-    try:
-        _drained(ref)
-    finally:
-        ref.stop()
-    want = _answers(ref.data)
+    bootstrap, prefix, n_frames = produced_jobs[:3]
+    _reference(produced_jobs, tmp_path / "ref")
+    want = _answers(tmp_path / "ref")
     jobs = {k[2] for k in want if "'job', 'J1'" in k[2]}
     assert jobs, sorted(want)[:5]
     sums = [np.frombuffer(v) for k, v in want.items() if "'agg', 'sum'" in k[2]]
