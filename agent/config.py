@@ -22,6 +22,7 @@ from schemas.identity import NAME_PATTERN, NodeIdentity
 __all__ = [
     "ENV_PREFIX",
     "AgentConfig",
+    "AttributionConfig",
     "DcgmSourceConfig",
     "IdentityConfig",
     "MetricsConfig",
@@ -142,6 +143,48 @@ class SourceConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AttributionConfig:
+    """Which workload each GPU serves (agent/attribution/): sources polled every few seconds,
+    changes sent as ``attribution`` events."""
+
+    sources: tuple[str, ...] = ()
+    """``kubelet``, ``job_mapping``, ``dcgm`` and/or ``static``, merged in this order (the
+    first to name a label wins); empty: no attribution."""
+    interval_s: float = 5.0
+    """Seconds between polls: an ended workload is detached at most this late."""
+    timeout_s: float = 2.0
+    """Per poll of one source (the kubelet's gRPC call)."""
+    kubelet_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    """The kubelet's pod-resources socket (``kubelet`` source)."""
+    kubelet_resources: tuple[str, ...] = ("nvidia.com/gpu", "nvidia.com/mig-")
+    """Resource-name prefixes whose devices are GPUs (or MIG instances)."""
+    job_mapping_dir: str = ""
+    """dcgm-exporter's ``--hpc-job-mapping-dir``: one file per GPU index or uuid listing job
+    ids (``job_mapping`` source)."""
+    static_labels: tuple[str, ...] = ()
+    """``key=value`` labels added to every GPU's workload (``static`` source), e.g.
+    ``tenant=acme``."""
+
+    def validate(self) -> None:
+        known = ("kubelet", "job_mapping", "dcgm", "static")
+        for name in self.sources:
+            if name not in known:
+                raise ConfigError(f"attribution.sources: {name!r} is not one of "
+                                  f"{', '.join(known)}")
+        if len(set(self.sources)) != len(self.sources):
+            raise ConfigError("attribution.sources names a source twice")
+        if not 0.5 <= self.interval_s <= 3600:
+            raise ConfigError("attribution.interval_s must be in [0.5, 3600]")
+        if not 0 < self.timeout_s <= 60:
+            raise ConfigError("attribution.timeout_s must be in (0, 60]")
+        if "job_mapping" in self.sources and not self.job_mapping_dir:
+            raise ConfigError("attribution.job_mapping_dir must be set for job_mapping")
+        for item in self.static_labels:
+            if "=" not in item:
+                raise ConfigError(f"attribution.static_labels: {item!r} is not key=value")
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingConfig:
     """The tick clock and frame batching."""
 
@@ -246,6 +289,7 @@ class AgentConfig:
     publish: PublishConfig = field(default_factory=PublishConfig)
     spool: SpoolConfig = field(default_factory=SpoolConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    attribution: AttributionConfig = field(default_factory=AttributionConfig)
     shutdown_timeout_s: float = 10.0
     """On SIGTERM/SIGINT: how long to try the broker before leaving the rest in the spool."""
 

@@ -28,6 +28,7 @@ from agent.sampler import LATENCY_BUCKETS_S, SamplerStats
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from agent.attribution.tracker import AttributionTracker
     from agent.publisher import Publisher
     from agent.sources.base import Source
 
@@ -44,6 +45,8 @@ class AgentCollector(Collector):
     source: Source
     publishers: dict[str, Publisher]
     """Stream name (``samples``, ``events``) -> its publisher."""
+    attribution: AttributionTracker | None = None
+    """The workload attribution tracker, when ``attribution.sources`` names any."""
 
     def collect(self) -> Iterator[Metric]:
         s = self.sampler
@@ -81,6 +84,20 @@ class AgentCollector(Collector):
         for kind, n in sorted(self.source.error_counts().items()):
             errors.add_metric([self.source.name, kind], n)
         yield errors
+        if self.attribution is not None:
+            att = self.attribution
+            yield CounterMetricFamily(P + "attribution_events",
+                                      "Attribution changes sent (attach and detach).",
+                                      value=att.events)
+            yield GaugeMetricFamily(P + "attribution_attached",
+                                    "GPUs with a workload attached now.",
+                                    value=len(att.current))
+            failed = CounterMetricFamily(P + "attribution_errors",
+                                         "Attribution polls a source could not answer.",
+                                         labels=["source"])
+            for name, n in sorted(att.errors.items()):
+                failed.add_metric([name], n)
+            yield failed
 
         def counter(name: str, doc: str) -> CounterMetricFamily:
             return CounterMetricFamily(P + name, doc, labels=["stream"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import sys
@@ -25,6 +26,8 @@ from typing import IO, Any
 
 import orjson
 
+from agent.attribution.base import AttributionContext, GpuView, open_attribution
+from agent.attribution.tracker import AttributionTracker
 from agent.config import AgentConfig
 from agent.events import agent_event, to_record
 from agent.metrics import AgentCollector, MetricsServer, serve_metrics
@@ -54,6 +57,15 @@ def open_configured_source(cfg: AgentConfig) -> Source:
     return open_source(cfg.source.name, ctx)
 
 
+def open_configured_attribution(cfg: AgentConfig, source: Source) -> AttributionTracker | None:
+    """The tracker over ``cfg.attribution.sources`` (None when there are none)."""
+    att = cfg.attribution
+    if not att.sources:
+        return None
+    ctx = AttributionContext(dataclasses.asdict(att), source)
+    return AttributionTracker([open_attribution(name, ctx) for name in att.sources])
+
+
 @dataclass
 class Agent:
     """One agent incarnation. ``await Agent(cfg).run(stop)`` returns the exit code."""
@@ -69,6 +81,8 @@ class Agent:
     sampler: Sampler | None = field(init=False, default=None)
     publishers: dict[str, Publisher] = field(init=False, default_factory=dict)
     metrics_server: MetricsServer | None = field(init=False, default=None)
+    attribution: AttributionTracker | None = field(init=False, default=None)
+    _attributing: asyncio.Task[None] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.identity = self.cfg.identity.resolved()
@@ -81,6 +95,9 @@ class Agent:
         source = self.source or open_configured_source(cfg)
         try:
             await source.start()
+            self.attribution = open_configured_attribution(cfg, source)
+            if self.attribution is not None:
+                await self.attribution.start()
         except SourceError as exc:
             log.error("cannot start source %s: %s", cfg.source.name, exc)
             return 1
@@ -118,7 +135,7 @@ class Agent:
         self.sampler = sampler
         if cfg.metrics.enabled:
             self.metrics_server = serve_metrics(
-                AgentCollector(sampler.stats, source, self.publishers),
+                AgentCollector(sampler.stats, source, self.publishers, self.attribution),
                 cfg.metrics.host, cfg.metrics.port)
         events.put_nowait(agent_event(
             EventKind.AGENT_START, self.identity, agent_id, version=__version__,
@@ -128,6 +145,9 @@ class Agent:
                                 name="agent-frames"),
             asyncio.create_task(self._pump(events, self._publish_event), name="agent-events"),
         ]
+        if self.attribution is not None:
+            self._attributing = asyncio.create_task(self._attribute(stop, events, agent_id),
+                                                    name="agent-attribution")
         log.info("agent %s started: %s, every %.3g s, %s -> %s (metrics %s)", agent_id,
                  source.describe(), cfg.sampling.interval_s, self.identity.path,
                  cfg.transport.bootstrap,
@@ -148,6 +168,24 @@ class Agent:
                 watcher.cancel()
             await self._shutdown(source, transport, frames, events, pumps)
         return 0
+
+    async def _attribute(self, stop: asyncio.Event, events: asyncio.Queue[EventRecord | None],
+                         agent_id: str) -> None:
+        """Poll the attribution sources every ``attribution.interval_s``; queue the changes."""
+        assert self.attribution is not None
+        interval = self.cfg.attribution.interval_s
+        while not stop.is_set():
+            last = self.sampler.last if self.sampler is not None else None
+            view = GpuView(tuple(int(g) for g in last.gpus), last.uuids) if last else GpuView()
+            try:
+                changes = await self.attribution.poll(view, time.time_ns() // 1_000_000)
+            except Exception:  # a bug in a source must not stop the agent; it is loud
+                log.exception("attribution poll failed")
+                changes = []
+            for ev in changes:
+                events.put_nowait(to_record(ev, self.identity, agent_id))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
 
     async def _stop_after(self, ticks: int, outer: asyncio.Event, inner: asyncio.Event) -> None:
         assert self.sampler is not None
@@ -181,6 +219,10 @@ class Agent:
         """Hand over everything queued, deliver or spool it, release resources."""
         cfg = self.cfg
         deadline = time.monotonic() + cfg.shutdown_timeout_s
+        if self._attributing is not None:  # before the sentinel: it queues events
+            self._attributing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._attributing
         events.put_nowait(agent_event(EventKind.AGENT_STOP, self.identity, self.sequence.agent,
                                       frames_built=self.sampler.stats.frames if self.sampler
                                       else 0))
@@ -197,6 +239,9 @@ class Agent:
             log.warning("the broker connection did not close in time; leaving it")
         with contextlib.suppress(Exception):
             await source.close()
+        if self.attribution is not None:
+            with contextlib.suppress(Exception):
+                await self.attribution.close()
         if self.metrics_server is not None:
             self.metrics_server.close()
         spooled = sum(p.spool.pending_frames for p in self.publishers.values() if p.spool)

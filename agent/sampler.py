@@ -265,6 +265,8 @@ class Sampler:
         self.on_frame = on_frame
         self.on_event = on_event
         self.stats = SamplerStats()
+        self.last: Gathered | None = None
+        """The last tick read: which GPUs the source reports (attribution maps onto them)."""
         self._last_error_log = -math.inf
 
     async def sample(self, tick: Tick) -> Gathered | None:
@@ -285,6 +287,7 @@ class Sampler:
             self._error(exc, exc_info=True)
             return None
         st.observe_latency(max(time.monotonic() - tick.due, 0.0))
+        self.last = g
         for ev in g.events:
             st.events += 1
             self.on_event(ev)

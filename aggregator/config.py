@@ -45,6 +45,9 @@ class AggregatorConfig:
     """Keep raw samples (the raw tier) besides the rollups."""
     row_stage: bool = True
     """Run the row/cluster stage in this process too."""
+    workloads: bool = True
+    """Read the whole events topic (a group of its own per data directory) for workload
+    attribution, so the query API answers ``level="job"`` and ``level="namespace"``."""
     fsync: bool = True
     """fsync at every flush; off only for throwaway benchmarks."""
     bearer_token: str = ""

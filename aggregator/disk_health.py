@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
+from typing import Protocol
 
 from aggregator.series_index import EntityIndex
 from aggregator.store import SeriesStore, StoreWriteError
 
-__all__ = ["DiskHealth"]
+__all__ = ["DiskHealth", "Flushable"]
+
+
+class Flushable(Protocol):
+    def flush(self) -> None:
+        """Make what was added durable; StoreWriteError if the disk refuses."""
 
 log = logging.getLogger("fleetpulse.aggregator")
 
@@ -30,9 +37,13 @@ class DiskHealth:
         self.writable = True
         self._since = 0.0
 
-    def flush(self, index: EntityIndex, store: SeriesStore) -> bool:
-        """Index then store durable; False (logged, counted) if the disk refused."""
+    def flush(self, index: EntityIndex, store: SeriesStore,
+              also: Sequence[Flushable] = ()) -> bool:
+        """``also`` (the attribution table), index, then store durable; False (logged,
+        counted) if the disk refused."""
         try:
+            for part in also:
+                part.flush()
             index.flush()
             store.flush()
         except StoreWriteError as exc:

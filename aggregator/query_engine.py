@@ -37,6 +37,7 @@ from aggregator.series_layout import (
 from aggregator.sketch import N_SLOTS, slot_value
 from aggregator.step_kernels import OPS, sketch_quantiles, step_reduce
 from aggregator.store import SeriesStore
+from aggregator.workload_query import WorkloadQuery
 from schemas.catalog import BY_ID, CATALOG, Kind
 
 __all__ = ["TIER_NAMES", "QueryEngine", "QueryError", "QueryLimits", "SeriesResult"]
@@ -108,8 +109,11 @@ class QueryEngine:
 
     def __init__(self, store: SeriesStore, index: EntityIndex,
                  limits: QueryLimits | None = None,
-                 now_fn: Callable[[], int | None] | None = None) -> None:
+                 now_fn: Callable[[], int | None] | None = None,
+                 workloads: WorkloadQuery | None = None) -> None:
         self.store = store
+        self.workloads = workloads
+        """Answers ``level="job"`` / ``level="namespace"`` (aggregator.workload_query)."""
         self.index = index
         self.limits = limits or QueryLimits()
         self.now_fn = now_fn
@@ -312,6 +316,13 @@ class QueryEngine:
 
     def _eval(self, expr: Selector | Aggregate, tier: str, t0: int, step: int,
               n: int) -> SeriesResult:
+        if isinstance(expr, Selector) and self.workloads is not None \
+                and WorkloadQuery.applies(expr):
+            try:
+                labels, values = self.workloads.evaluate(expr, tier, t0, step, n)
+            except ValueError as exc:
+                raise QueryError(str(exc)) from None
+            return SeriesResult(labels, values)
         if isinstance(expr, Selector):
             res = self.resolve(expr, tier)
             if res.eids.size * n > self.limits.max_samples:
@@ -416,6 +427,9 @@ class QueryEngine:
         for label in ("level", "cluster", "row", "rack", "node", "gpu"):
             if self.index.label_values(label):
                 names.add(label)
+        if self.workloads is not None:
+            names.update(k for k in ("job", "namespace", "pod", "tenant")
+                         if self.workloads.label_values(k))
         return sorted(names)
 
     def label_values(self, name: str) -> list[str]:
@@ -424,6 +438,7 @@ class QueryEngine:
             return sorted(BY_ID[i].name for i in used.tolist() if i in BY_ID)
         if name == "agg":
             return sorted({*AGG_CODES, "avg", "stddev", "p50", "p90", "p95", "p99"} - {"sketch"})
+        extra = self.workloads.label_values(name) if self.workloads is not None else []
         if name in ("level", "cluster", "row", "rack", "node", "gpu"):
-            return self.index.label_values(name)
-        return []
+            return sorted({*self.index.label_values(name), *extra})
+        return extra

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -39,6 +40,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from aggregator.attribution_stage import AttributionStage
+from aggregator.attribution_table import AttributionTable
 from aggregator.checkpoint import PartitionCheckpoint, load_checkpoint, save_checkpoint
 from aggregator.config import AggregatorConfig
 from aggregator.disk_health import DiskHealth
@@ -51,6 +54,7 @@ from aggregator.row_stage import RowStage
 from aggregator.series_index import EntityIndex
 from aggregator.store import SeriesStore, StoreConfig
 from aggregator.window_kernel import warm_up
+from aggregator.workload_query import WorkloadQuery
 from fleetpulse.transport import (
     Consumer,
     Message,
@@ -79,8 +83,13 @@ class _Stage(Protocol):
 class _Loop:
     """One consumer feeding one stage, with its rebalance listener."""
 
-    def __init__(self, service: AggregatorService, stage: _Stage, topic: str, group: str) -> None:
+    def __init__(self, service: AggregatorService, stage: _Stage, topic: str, group: str,
+                 state_dir: Path | None = None, name: str = "") -> None:
         self.service = service
+        self.name = name or ("rack" if stage is service.rack else "row")
+        """The ``stage`` label of its /metrics."""
+        self.state_dir = state_dir or service.state_dir
+        """Where this loop's partition checkpoints live (shared by the group, or private)."""
         self.stage = stage
         self.topic = topic
         self.group = group
@@ -124,7 +133,7 @@ class _Loop:
 
     def _assign(self, partitions: list[int]) -> None:
         for p in partitions:
-            self.stage.assign(p, load_checkpoint(self.service.state_dir, self.topic, p))
+            self.stage.assign(p, load_checkpoint(self.state_dir, self.topic, p))
 
 
 class AggregatorService:
@@ -149,12 +158,26 @@ class AggregatorService:
             Path(cfg.remote_write.queue_dir or data / "remote_write"))
         if self.remote_write is not None:
             self.store.on_append = self.remote_write.offer
+        self.table = AttributionTable(data / "attribution.jsonl")
+        self.attribution = AttributionStage(self.table, topic=self.topics.events)
+        self.alert_counts = AttributionStage(self.table, topic=self.topics.alerts, alerts=True)
         self.engine = QueryEngine(self.store, self.index, QueryLimits(
             cfg.max_points_per_series, cfg.max_series, cfg.lookback_ms, cfg.max_samples),
-            now_fn=self.data_time)
+            now_fn=self.data_time,
+            workloads=WorkloadQuery(self.table, self.store, self.index, cfg.max_series))
         self.loops = [_Loop(self, self.rack, self.topics.samples, cfg.group_id)]
         if cfg.row_stage:
             self.loops.append(_Loop(self, self.row, self.topics.rollups, f"{cfg.group_id}-rows"))
+        if cfg.workloads:
+            # Every instance reads the whole events topic (a group of its own, named after its
+            # data directory, checkpointed beside its store): a job's GPUs may sit on any
+            # instance's racks, and attribution events are few.
+            key = hashlib.sha1(str(data.resolve()).encode()).hexdigest()[:12]
+            for stage, topic, name in ((self.attribution, self.topics.events, "workloads"),
+                                       (self.alert_counts, self.topics.alerts,
+                                        "workload-alerts")):
+                self.loops.append(_Loop(self, stage, topic, f"{cfg.group_id}-{name}-{key}",
+                                        data / "workloads-state", name))
         self.dead_letters = 0
         self.disk = DiskHealth()
         self.rollups_published = 0
@@ -179,6 +202,8 @@ class AggregatorService:
             self.topics.samples: self.cfg.samples_partitions,
             self.topics.rollups: self.cfg.rollups_partitions,
             self.topics.deadletter: 1,
+            **({self.topics.events: self.cfg.samples_partitions,
+                self.topics.alerts: self.cfg.samples_partitions} if self.cfg.workloads else {}),
         })
         for loop in self.loops:
             loop.consumer = self.transport.consumer([loop.topic], loop.group, listener=loop)
@@ -254,6 +279,7 @@ class AggregatorService:
             self._runner = None
         await self.transport.close()
         await self.in_store(self.index.close)
+        await self.in_store(self.table.close)
         await self.in_store(self.store.close)
         if self.remote_write is not None:
             await self.in_store(self.remote_write.close)
@@ -321,14 +347,14 @@ class AggregatorService:
 
         Nothing is checkpointed (and so nothing committed) when the disk refused the flush
         (see ``disk_health``)."""
-        if not self.disk.flush(self.index, self.store):
+        if not self.disk.flush(self.index, self.store, (self.table,)):
             return {}
         if self.remote_write is not None:
             self.remote_write.seal()  # what is committed below is in its queue
         offsets: dict[TopicPartition, int] = {}
         for p in parts:
             ckpt = loop.stage.checkpoint(p)
-            save_checkpoint(self.state_dir, ckpt)
+            save_checkpoint(loop.state_dir, ckpt)
             offsets[(loop.topic, p)] = ckpt.resume_offset
         return offsets
 
@@ -424,7 +450,7 @@ class _Collector(Collector):
                                   "Partitions this instance owns.", labels=["stage"])
         g = s.gauges
         for i, loop in enumerate(s.loops):
-            name = "rack" if loop.stage is s.rack else "row"
+            name = loop.name
             lag.add_metric([name], loop.lag)
             opened.add_metric([name], g["open"][i] if g else 0)
             owned.add_metric([name], len(loop.owned))

@@ -55,6 +55,7 @@ from detector.remediation import RemediationHook
 from detector.shard import DetectorShard, TickBlock, alert_id
 from detector.silence import SilenceWatch
 from detector.webhook import AlertmanagerWebhook
+from detector.workloads import WorkloadMap, tag_alerts
 from fleetpulse.transport import (
     Consumer,
     Message,
@@ -218,6 +219,8 @@ class DetectorService:
         self.state_dir = Path(config.state_dir)
         self.shards: dict[int, DetectorShard] = {}
         self.event_shards: dict[int, EventShard] = {}
+        self.workload_maps: dict[int, WorkloadMap] = {}
+        """Per events partition: the workload on each GPU, named in its alerts."""
         self.next_offset: dict[TopicPartition, int] = {}
         """Per partition: the next offset whose message the state does not cover yet."""
         self.suppress: set[tuple[str, str]] = set()
@@ -344,6 +347,7 @@ class DetectorService:
                         log.error("events partition %d checkpoint unusable: %s", p, exc)
                         es = EventShard(self.config.rules.event_hold_s)
                 self.event_shards[p] = es
+                self.workload_maps[p] = self._load_workloads(p)
         if alert_from:
             await self._load_published(alert_from)
         if self.consumer is not None:
@@ -366,6 +370,7 @@ class DetectorService:
                 self.silence.drop_partition(p)
             elif topic == self.topics.events:
                 self.event_shards.pop(p, None)
+                self.workload_maps.pop(p, None)
             self.next_offset.pop((topic, p), None)
 
     async def _load_published(self, start: dict[int, int]) -> None:
@@ -429,6 +434,12 @@ class DetectorService:
                 es = self.event_shards[msg.partition] = EventShard(
                     self.config.rules.event_hold_s)
             self.stats.events += 1
+            try:
+                if self.workload_maps.setdefault(msg.partition, WorkloadMap()).observe(event):
+                    return []
+            except DecodeError as exc:
+                await self._dead_letter(msg, _reason("attribution event", exc))
+                return []
             if event.kind is EventKind.AGENT_STOP:
                 self.silence.left(event.identity.path)
             return es.observe(event)
@@ -597,6 +608,7 @@ class DetectorService:
 
     async def _publish(self, records: list[AlertRecord]) -> None:
         # The correlator sees replayed transitions too: its state is rebuilt from them.
+        records = tag_alerts(records, self.workload_maps.values())
         records, incidents = self.incidents.observe(records)
         sent: list[AlertRecord] = []
         sent_incidents: list[IncidentRecord] = []
@@ -711,6 +723,15 @@ class DetectorService:
         await asyncio.to_thread(atomic_write, checkpoint_path(self.state_dir, p), data)
         return offset
 
+    def _load_workloads(self, p: int) -> WorkloadMap:
+        path = self.state_dir / f"workloads-{p}.json"
+        try:
+            return WorkloadMap.from_bytes(path.read_bytes()) if path.exists() else WorkloadMap()
+        except (ValueError, KeyError, TypeError, DecodeError) as exc:
+            log.error("workloads of events partition %d unusable (%s); alerts name jobs again "
+                      "from their next attribution event", p, exc)
+            return WorkloadMap()
+
     async def _save_events(self, only: frozenset[TopicPartition] | None
                            ) -> dict[TopicPartition, int]:
         commit: dict[TopicPartition, int] = {}
@@ -720,6 +741,9 @@ class DetectorService:
                 continue
             data = es.to_bytes(self.next_offset[tp])
             await asyncio.to_thread(atomic_write, self.state_dir / f"events-{p}.ckpt", data)
+            if p in self.workload_maps:  # written before the offset that covers it is committed
+                await asyncio.to_thread(atomic_write, self.state_dir / f"workloads-{p}.json",
+                                        self.workload_maps[p].to_bytes())
             commit[tp] = self.next_offset[tp]
         return commit
 

@@ -5,7 +5,8 @@ generatorURL}``. A firing alert is posted without ``endsAt`` and re-posted every
 ``resend_s`` (Alertmanager resolves an alert it has not heard of for ``resolve_timeout``);
 a resolved one is posted with ``endsAt``. Labels identify the alert (alertname per rule,
 entity and its parts, source, severity, action) and name its ``incident``
-(``detector.incidents``), so Alertmanager groups by incident and a rack incident can inhibit
+(``detector.incidents``) and the workload on the GPU (``job``, ``pod``, ``namespace``,
+``tenant``, from ``detector.workloads``), so Alertmanager groups by incident and a rack incident can inhibit
 its GPUs' warnings (``deploy/alertmanager.yml``); annotations carry the summary, score,
 threshold and attribution.
 
@@ -61,6 +62,10 @@ def to_alertmanager(rec: AlertRecord, generator_url: str = "", incident: str = "
     if rec.level != "service":  # a service's entity is not a fleet path
         for part, value in zip(_PARTS, rec.entity.split("/"), strict=False):
             labels[part] = value
+    for key in ("job", "pod", "namespace", "tenant"):  # the workload (detector.workloads)
+        workload = rec.context.get(key)
+        if isinstance(workload, str) and workload:
+            labels[key] = workload
     annotations = {
         "summary": rec.summary,
         "score": f"{rec.score:.3f}",

@@ -41,6 +41,7 @@ from aiohttp import web
 
 from agent.fleet import FleetModel, Topology, plan_faults, write_labels
 from agent.fleet.faults import Fault, FaultKind
+from agent.fleet.jobs import FleetAttribution
 from agent.fleet.live import AckTimer, LiveStats
 from agent.fleet.model import METRIC_IDS, METRICS
 from agent.publisher import AgentSequence, Publisher, new_agent_id
@@ -107,6 +108,15 @@ class DemoConfig:
     simulated clock slows down instead of the consumers drowning (and the page with them)."""
     drain_s: float = 5.0
     """At the end, wall seconds to let the aggregator and detector catch up before stopping."""
+    jobs: bool = True
+    """Schedule jobs on the fleet (agent.fleet.jobs): job-mapping files are written and read
+    back by the agent's job_mapping source, alerts name their job, the end lists the jobs."""
+    job_min_s: float = 120.0
+    """Shortest job, simulated seconds (job lengths are log-uniform in [min, max])."""
+    job_max_s: float = 4 * 3600.0
+    """Longest job; a real fleet's run to days, a demo's minutes only show the short ones end."""
+    job_poll_s: float = 5.0
+    """Simulated seconds between job-mapping polls (the agent's attribution.interval_s)."""
     transport: TransportConfig = field(
         default_factory=lambda: TransportConfig(bootstrap="memory://demo"))
     """The broker: the embedded one by default."""
@@ -129,6 +139,8 @@ class DemoConfig:
             raise ConfigError("duration_s must be >= 0 and fault_horizon_s > 0")
         if self.faults < 0 or self.partitions < 1 or self.ticks_per_frame < 1:
             raise ConfigError("faults >= 0, partitions >= 1 and ticks_per_frame >= 1")
+        if not 0 < self.job_min_s <= self.job_max_s or self.job_poll_s <= 0:
+            raise ConfigError("jobs need 0 < job_min_s <= job_max_s and job_poll_s > 0")
         if self.progress_s < 0 or self.drain_s < 0 or self.max_backlog_frames < 0:
             raise ConfigError("progress_s, drain_s and max_backlog_frames must be >= 0")
         host, _, port = self.listen.rpartition(":")
@@ -273,7 +285,8 @@ class FleetDriver:
     """The synthetic fleet, published like ``fleetpulse fleet`` does, paced by ``speed``."""
 
     def __init__(self, cfg: DemoConfig, transport: Transport, topics: Topics,
-                 consumed: Callable[[], int] = lambda: 1 << 62) -> None:
+                 consumed: Callable[[], int] = lambda: 1 << 62,
+                 job_dir: Path | None = None) -> None:
         self.cfg = cfg
         self.topo = cfg.topology()
         self.consumed = consumed
@@ -294,6 +307,11 @@ class FleetDriver:
         self.sim_now_ms = self.start_ms
         self.behind_s = 0.0
         self._seqs: list[AgentSequence] = []
+        self.jobs = FleetAttribution(self.topo, job_dir, list(self.model.uuids), cfg.seed,
+                                     min_s=cfg.job_min_s, max_s=cfg.job_max_s) \
+            if cfg.jobs and job_dir is not None else None
+        """Jobs and their job-mapping dirs (None: the demo runs without jobs)."""
+        self._next_jobs_ms = self.start_ms
 
     @property
     def sim_s(self) -> float:
@@ -338,6 +356,12 @@ class FleetDriver:
             self.stats.ticks = k
             self.sim_now_ms = int(ts.max())
             await self._send_events(ts, values)
+            if self.jobs is not None and self.sim_now_ms >= self._next_jobs_ms:
+                self._next_jobs_ms = self.sim_now_ms + int(cfg.job_poll_s * 1000)
+                for rec in await self.jobs.step(self.sim_now_ms):
+                    await self.timer.send_and_wait(self.topics.events, rec.to_bytes(),
+                                                   key=rec.key)
+                    self.stats.events += 1
             if slot == per - 1:
                 await self._send_frames(ts_buf, val_buf)
         done = k % per
@@ -378,6 +402,35 @@ class FleetDriver:
             self.stats.events += 1
 
 
+async def job_table(aggregator: AggregatorService, fleet: FleetDriver,
+                    top: int = 8) -> list[dict[str, Any]]:
+    """The largest running jobs with what the aggregator's job rollups say of them."""
+    assert fleet.jobs is not None
+    jobs = fleet.jobs.running()[:top]
+    if not jobs:
+        return []
+    sel = "|".join(j.id for j in jobs)
+    now = fleet.sim_now_ms
+
+    def ask() -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        for q in (f'fleetpulse_gpu_utilization_ratio{{level="job",job=~"{sel}"}}',
+                  f'fleetpulse_gpu_power_usage_watts{{level="job",job=~"{sel}",agg="sum"}}'):
+            res = aggregator.engine.query_range(q, now, now, 60_000, resolution="10s")
+            for lab, row in zip(res.labels, res.values, strict=True):
+                out[(lab["job"], lab["__name__"])] = float(row[-1])
+        return out
+
+    got = await aggregator.in_store(ask)
+    rows = []
+    for j in jobs:
+        util = got.get((j.id, "fleetpulse_gpu_utilization_ratio"), math.nan)
+        rows.append({"job": j.id, "size": j.size, "gpus": int(j.gpus.size),
+                     "running_s": round((now - j.start_ms) / 1000), "utilization":
+                     None if math.isnan(util) else round(util, 3)})
+    return rows
+
+
 # ------------------------------------------------------------------------------ terminal
 class TerminalView:
     """What the demo prints: a status line (rates, lag, score) and one line per alert."""
@@ -400,12 +453,22 @@ class TerminalView:
                          f"{'↑' if a.direction == 'high' else '↓'}{a.weight:.2f}"
                          for a in rec.attribution[:3])
         state = "FIRING  " if rec.state is AlertState.FIRING else "resolved"
+        job = f"  job {rec.context['job']}" if rec.context.get("job") else ""
         line = (f"[sim {_hms(sim_s)}] {state} {rec.severity.value:<8} {rec.source:<22} "
-                f"{rec.entity}  {rec.summary}" + (f"  ({attr})" if attr else ""))
+                f"{rec.entity}{job}  {rec.summary}" + (f"  ({attr})" if attr else ""))
         self._write(line, newline=True)
 
     def status(self, text: str) -> None:
         self._write(text, newline=not self.live_line)
+
+    def jobs(self, rows: list[dict[str, Any]], started: int) -> None:
+        """The largest running jobs, as the aggregator's job rollups see them."""
+        self._write(f"jobs: {started} started; largest running (utilisation, last minute, "
+                    f"from the job rollups):", newline=True)
+        for r in rows:
+            util = "  n/a" if r["utilization"] is None else f"{r['utilization']:5.0%}"
+            self._write(f"  {r['job']:<12} {r['size']:<5} {r['gpus']:>5} GPUs  running "
+                        f"{_hms(r['running_s'])}  utilisation {util}", newline=True)
 
     def _write(self, text: str, newline: bool) -> None:
         if self.live_line:
@@ -522,7 +585,9 @@ class DemoRun:
                 f" | detector {self.detector.stats.updates:,} updates"
                 f" | faults {s['faults_injected']}/{s['faults_planned']} detected "
                 f"{s['faults_detected']} | alerts firing {len(self.board.firing())}"
-                f" | false {s['false_incidents']} | {self.url}")
+                f" | false {s['false_incidents']}"
+                + (f" | jobs {len(self.fleet.jobs.scheduler.jobs)}" if self.fleet.jobs else "")
+                + f" | {self.url}")
         return text, (now, st.metrics)
 
 
@@ -564,7 +629,7 @@ async def run_demo(
     await aggregator.start(serve_http=False)
     detector = DetectorService(det_cfg, await transport())
     fleet = FleetDriver(cfg, fleet_t, topics, consumed=lambda: min(
-        aggregator.rack.stats.frames, detector.stats.frames))
+        aggregator.rack.stats.frames, detector.stats.frames), job_dir=data_dir / "job-mapping")
     board = AlertBoard(capacity=2000, clock=lambda: fleet.sim_now_ms)
     score = Scorecard(fleet.topo, fleet.plan, fleet.start_ms)
     view = TerminalView(out, "", out.isatty() if live_line is None else live_line)
@@ -629,6 +694,10 @@ async def run_demo(
         t_stop = time.monotonic()
         await _drain(aggregator, detector, cfg.drain_s)
         log.info("drained in %.1f s", time.monotonic() - t_stop)
+        if fleet.jobs is not None:
+            summary["jobs_started"] = fleet.jobs.scheduler.started
+            summary["job_list"] = await job_table(aggregator, fleet)
+            view.jobs(summary["job_list"], fleet.jobs.scheduler.started)
         stage_stop.set()
         aggregator.stop()
         await _settle(tasks[1:], 90.0, "the stages")

@@ -45,6 +45,8 @@ class EventKind(StrEnum):
     """What the GPU is: uuid, serial, vbios, inforom, driver, pci bus id, model, MIG mode."""
     AGENT_START = "agent_start"
     AGENT_STOP = "agent_stop"
+    ATTRIBUTION = "attribution"
+    """A workload attached to or detached from a GPU (:mod:`schemas.attribution`)."""
 
 
 class AlertState(StrEnum):

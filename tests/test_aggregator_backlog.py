@@ -68,7 +68,7 @@ async def test_a_large_backlog_in_huge_batches_never_stalls_the_loop_nor_costs_t
     svc = AggregatorService(cfg)
     calls: Counter[str] = Counter()
     for lp in svc.loops:
-        name = "rack" if lp.stage is svc.rack else "row"
+        name = lp.name
         lp.on_assigned = _counted(calls, f"{name} assigned", lp.on_assigned)  # type: ignore[method-assign]
         lp.on_revoked = _counted(calls, f"{name} revoked", lp.on_revoked)  # type: ignore[method-assign]
     await svc.start(serve_http=False)  # compiles (or loads) every kernel before joining
@@ -99,7 +99,8 @@ async def test_a_large_backlog_in_huge_batches_never_stalls_the_loop_nor_costs_t
     assert not svc.failed
     assert svc.rack.stats.frames == sent and svc.rack.stats.decode_errors == 0
     assert svc.rack.stats.windows_closed > 0 and svc.row.windows_closed > 0
-    assert seen == {"rack assigned": 1, "row assigned": 1}, seen
+    assert seen == {"rack assigned": 1, "row assigned": 1, "workloads assigned": 1,
+                    "workload-alerts assigned": 1}, seen
     # Kafka's session timeout is 10 s; the loop never waited a fifth of it (it waited 8.4 s
     # with the stages on the loop; ~0.6 s here on a 2-core machine loaded 3x over).
     assert worst < 2.0, worst

@@ -123,6 +123,10 @@ def test_demo_duration_json_summary(tmp_path: Path) -> None:
     assert summary["incidents"] >= min(1, summary["faults_detected"])
     assert all(i["action"] in {a.value for a in Action} for i in summary["incident_list"])
     assert "heatmap and query API on http://127.0.0.1:" in res.stderr
+    # jobs: scheduled, attributed through job-mapping files, rolled up per job, listed
+    assert summary["jobs_started"] > 0 and summary["job_list"]
+    assert any(j["utilization"] is not None for j in summary["job_list"])
+    assert "jobs: " in res.stderr and summary["job_list"][0]["job"] in res.stderr
 
 
 @pytest.mark.kafka

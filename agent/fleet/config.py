@@ -49,6 +49,16 @@ class FleetConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = -1
     """Prometheus /metrics of the load generator itself: -1 off, 0 any free port."""
+    jobs_dir: str = ""
+    """Schedule jobs (agent.fleet.jobs) and write their job-mapping dirs here, one per node;
+    their attribution events go to the events topic as the nodes' agents would send them.
+    Empty: no jobs."""
+    job_min_s: float = 300.0
+    """Shortest job, seconds (job lengths are log-uniform in [min, max])."""
+    job_max_s: float = 3 * 86400.0
+    """Longest job (three days)."""
+    job_poll_s: float = 5.0
+    """Seconds between job-mapping polls (the agents' attribution.interval_s)."""
     transport: TransportConfig = field(default_factory=TransportConfig)
 
     def validate(self) -> None:
@@ -77,3 +87,5 @@ class FleetConfig:
             raise ConfigError("metrics_port must be -1 (off), 0 (any) or a port number")
         if self.progress_s < 0:
             raise ConfigError("progress_s must be >= 0")
+        if not 0 < self.job_min_s <= self.job_max_s or self.job_poll_s <= 0:
+            raise ConfigError("jobs need 0 < job_min_s <= job_max_s and job_poll_s > 0")

@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from agent.fleet.config import FleetConfig
 from agent.fleet.faults import labels_of, plan_faults, write_labels
+from agent.fleet.jobs import FleetAttribution
 from agent.fleet.model import METRIC_IDS, METRICS, FleetModel
 from agent.fleet.topology import Topology
 from agent.publisher import AgentSequence, Publisher, new_agent_id
@@ -194,7 +195,11 @@ async def run_live(
         fleet = LiveFleet(model, transport, topics, ticks_per_frame=cfg.ticks_per_frame,
                           max_in_flight=cfg.max_in_flight, realtime=cfg.realtime,
                           total_ticks=0 if cfg.duration_s == 0
-                          else round(cfg.duration_s * cfg.hz))
+                          else round(cfg.duration_s * cfg.hz),
+                          jobs=FleetAttribution(topo, cfg.jobs_dir, list(model.uuids),
+                                                cfg.seed, min_s=cfg.job_min_s,
+                                                max_s=cfg.job_max_s) if cfg.jobs_dir else None,
+                          job_poll_s=cfg.job_poll_s)
         if cfg.metrics_port >= 0:
             port, server = serve_metrics(FleetCollector(fleet), cfg.metrics_host,
                                          cfg.metrics_port)
@@ -225,7 +230,8 @@ class LiveFleet:
 
     def __init__(self, model: FleetModel, transport: Transport, topics: Topics, *,
                  ticks_per_frame: int = 5, max_in_flight: int = 2048, realtime: bool = True,
-                 speed: float = 1.0, total_ticks: int = 0) -> None:
+                 speed: float = 1.0, total_ticks: int = 0,
+                 jobs: FleetAttribution | None = None, job_poll_s: float = 5.0) -> None:
         if ticks_per_frame < 1 or speed <= 0 or total_ticks < 0:
             raise ValueError("ticks_per_frame >= 1, speed > 0 and total_ticks >= 0 required")
         self.model = model
@@ -241,6 +247,10 @@ class LiveFleet:
         self.total_ticks = math.inf if total_ticks == 0 else total_ticks
         self.sim_now_ms = model.start_ms
         """Timestamp of the newest generated tick (what "now" is in the simulation)."""
+        self.jobs = jobs
+        """Jobs and their job-mapping dirs, polled every ``job_poll_s`` simulated seconds."""
+        self.job_poll_ms = int(job_poll_s * 1000)
+        self._next_jobs_ms = model.start_ms
         self.idents = topo.identities
         self.seqs = [AgentSequence(new_agent_id(ident.node)) for ident in self.idents]
         self.uuids = [model.uuids[topo.gpus_of_node(n)] for n in range(topo.nodes)]
@@ -274,6 +284,7 @@ class LiveFleet:
             "faults": len(self.model.faults),
             "labels": len(labels_of(self.model.faults)),
             "start_ms": self.model.start_ms,
+            "jobs_started": self.jobs.scheduler.started if self.jobs is not None else 0,
         }
 
     async def run(self, stop: asyncio.Event, *, progress: TextIO | None = None,
@@ -314,6 +325,13 @@ class LiveFleet:
                 ts_buf[k % per] = ts
                 self.sim_now_ms = int(ts.max())
                 await self._send_events(ts, values)
+                if self.jobs is not None and self.sim_now_ms >= self._next_jobs_ms:
+                    self._next_jobs_ms = self.sim_now_ms + self.job_poll_ms
+                    for rec in await self.jobs.step(self.sim_now_ms):
+                        fut = await self.timer.send(self.topics.events, rec.to_bytes(),
+                                                    key=rec.key)
+                        fut.add_done_callback(_ignore_result)
+                        stats.events += 1
                 j = k % per
                 if j < len(self.groups):
                     await self._send_frames(self.groups[j], ts_buf, val_buf, last_pub[j] + 1,

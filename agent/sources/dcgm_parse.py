@@ -18,7 +18,10 @@ Rules, each one learned from real exporter output (``tests/fixtures/dcgm-exporte
   in ``unattributed`` and skipped.
 * **Labels.** Both ``Hostname`` (dcgm-exporter before PR #655) and ``hostname`` are
   accepted; ``pci_bus_id`` may be missing (older exporters); empty labels (``pod=""``) are
-  treated as absent.
+  treated as absent. The workload labels dcgm-exporter adds from the kubelet or its HPC
+  job-mapping dir (``pod``, ``namespace``, ``container``, ``hpc_job``) are kept per row in
+  ``workloads`` (read by the ``dcgm`` attribution source), not in the row itself: a new pod
+  is not a new GPU.
 * **Sentinels.** DCGM marks blank / not-found / not-supported / not-permissioned values
   with sentinels that old exporters print as numbers: int64 values at or above
   ``0x7ffffffffffffff0`` and the float64 values ``2**47 + 0..3``
@@ -55,6 +58,9 @@ FP64_SENTINELS: Final = frozenset(float(2**47 + i) for i in range(4))
 _XID_ID: Final = BY_DCGM_FIELD["DCGM_FI_DEV_XID_ERRORS"].id
 _HOST_LABELS: Final = ("Hostname", "hostname")
 _UUID_LABELS: Final = ("UUID", "uuid")
+_WORKLOAD_LABELS: Final = (("pod", "pod"), ("namespace", "namespace"),
+                           ("container", "container"), ("hpc_job", "job"))
+"""dcgm-exporter's workload label -> fleetpulse's (schemas.attribution.WORKLOAD_LABELS)."""
 
 
 def is_sentinel(value: float | int) -> bool:
@@ -96,6 +102,8 @@ class DcgmScrape:
     unattributed: int = 0
     duplicates: int = 0
     invalid_lines: tuple[tuple[int, str], ...] = field(default=())
+    workloads: tuple[dict[str, str], ...] = field(default=())
+    """Per row: the workload labels the exporter attached (``job`` for ``hpc_job``)."""
 
     @property
     def gpus(self) -> npt.NDArray[np.int32]:
@@ -151,6 +159,7 @@ def parse_exposition(text: str) -> DcgmScrape:
     """Parse one dcgm-exporter page. Never raises on bad content; it is counted instead."""
     samples, invalid = _samples(text)
     rows: dict[tuple[int, str, str | None], DcgmRow] = {}
+    workloads: dict[tuple[int, str, str | None], dict[str, str]] = {}
     cells: dict[tuple[tuple[int, str, str | None], str | int], float] = {}
     field_of: dict[int, str] = {}
     extra_names: set[str] = set()
@@ -175,6 +184,8 @@ def parse_exposition(text: str) -> DcgmScrape:
                 pci_bus_id=labels.get("pci_bus_id") or None,
                 driver=labels.get("DCGM_FI_DRIVER_VERSION") or None,
             )
+            workloads[row_key] = {ours: labels[theirs] for theirs, ours in _WORKLOAD_LABELS
+                                  if labels.get(theirs)}
         if is_sentinel(value):
             sentinels += 1
             continue
@@ -214,4 +225,5 @@ def parse_exposition(text: str) -> DcgmScrape:
         unattributed=unattributed,
         duplicates=duplicates,
         invalid_lines=tuple(invalid),
+        workloads=tuple(workloads[k] for k in ordered),
     )

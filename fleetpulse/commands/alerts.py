@@ -1,12 +1,13 @@
 """``fleetpulse alerts tail``: follow the alert topic as a readable table (or JSON lines).
 
     fleetpulse alerts tail [--config config/detector.toml] [--bootstrap B] [--prefix P]
-                           [--json] [--from-beginning] [--idle-exit S]
+                           [--json] [--from-beginning] [--idle-exit S] [--job J]
 
 Reads with its own throw-away consumer group, so it never moves the detector's offsets.
 By default it shows alerts from now on; ``--from-beginning`` replays the topic's history.
 A record that does not decode is shown as such and skipped (the tail never dies on bad
-input).
+input). ``--job J`` shows only the alerts naming workload ``J`` (the detector puts the job
+of a GPU alert in its context, detector.workloads) and the incidents they belong to.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--prefix", help="topic prefix")
     t.add_argument("--json", action="store_true", help="one JSON object per line")
     t.add_argument("--from-beginning", action="store_true", help="replay the topic's history")
+    t.add_argument("--job", help="only alerts of this workload (job id or namespace/pod), and "
+                   "their incidents")
     t.add_argument("--idle-exit", type=float, default=0.0,
                    help="exit after this many seconds without a new alert (0: follow forever)")
     t.set_defaults(func=run)
@@ -69,6 +72,16 @@ def format_row(rec: AlertRecord) -> str:
             f"{rec.source[:22]:<22}  {rec.score:>5.2f}/{rec.threshold:<5.2f}  {why}")
 
 
+def _of_job(rec: AlertRecord | IncidentRecord, job: str, shown: set[str]) -> bool:
+    """Whether ``rec`` belongs to ``job``: an alert naming it, or an incident of one."""
+    if isinstance(rec, IncidentRecord):
+        return any(m in shown for m in rec.members)
+    if rec.context.get("job") == job:
+        shown.add(rec.id)
+        return True
+    return False
+
+
 async def _tail(args: argparse.Namespace, out: TextIO) -> int:
     from fleetpulse.commands.topic_reader import transport_from_args
     from schemas.topics import Topics
@@ -85,6 +98,7 @@ async def _tail(args: argparse.Namespace, out: TextIO) -> int:
     if not args.json:
         print(HEADER, file=out, flush=True)
     last = time.monotonic()
+    shown: set[str] = set()
     try:
         while not stop.is_set():
             msgs = await consumer.getmany(timeout_ms=300, max_records=500)
@@ -98,6 +112,8 @@ async def _tail(args: argparse.Namespace, out: TextIO) -> int:
                 except DecodeError as exc:
                     print(f"# offset {msg.partition}:{msg.offset}: not an alert record: {exc}",
                           file=sys.stderr)
+                    continue
+                if args.job and not _of_job(rec, args.job, shown):
                     continue
                 if args.json:
                     out.write(rec.to_bytes().decode() + "\n")

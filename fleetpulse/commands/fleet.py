@@ -58,6 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-speed", action="store_true",
                    help="do not pace at --hz on the wall clock: publish as fast as acked")
     p.add_argument("--progress", type=float, help="seconds between progress lines (0 = none)")
+    p.add_argument("--jobs-dir", help="schedule jobs and write their job-mapping dirs here "
+                   "(one per node); attribution events go to the events topic")
     p.add_argument("--metrics-port", type=int,
                    help="serve the fleet's own /metrics on 127.0.0.1:PORT (0 = any free port)")
     p.set_defaults(func=run)
@@ -69,7 +71,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
                       ("seed", "seed"), ("faults", "faults"), ("labels", "labels"),
                       ("ticks_per_frame", "ticks_per_frame"), ("partitions", "partitions"),
                       ("progress", "progress_s"), ("fault_kinds", "fault_kinds"),
-                      ("metrics_port", "metrics_port"), ("cluster", "cluster")):
+                      ("metrics_port", "metrics_port"), ("cluster", "cluster"),
+                      ("jobs_dir", "jobs_dir")):
         value = getattr(args, flag)
         if value is not None:
             out[key] = value

@@ -6,6 +6,10 @@ Examples::
     fleetpulse query 'max by (rack) (fleetpulse_gpu_power_usage_watts{level="gpu",agg="max"})' \\
         --start 2026-01-01T00:00:00Z --end 2026-01-02T00:00:00Z --step 1h --csv
 
+``--job J`` selects one workload: it adds ``level="job",job="J"`` to the selector, so
+``fleetpulse query fleetpulse_gpu_utilization_ratio --job 4711`` is the job's utilisation
+over its own GPUs (aggregator.workload_query).
+
 It POSTs the same form a Grafana Prometheus data source sends to ``/api/v1/query_range``
 and prints a table (time down, series across), or the API's JSON (``--json``), or long CSV.
 """
@@ -24,7 +28,7 @@ import urllib.request
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["format_table", "parse_when", "register", "run"]
+__all__ = ["format_table", "parse_when", "register", "run", "select_job"]
 
 _REL = re.compile(r"-(\d+(?:\.\d+)?)([smhdw])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -39,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--end", default="now", help="as --start (default now)")
     p.add_argument("--step", default="60", help="seconds or a duration like 1m (default 60)")
     p.add_argument("--resolution", help="tier: raw, 10s, 1m, 1h, 1d or auto")
+    p.add_argument("--job", help='one workload: adds level="job",job="J" to the selector')
     p.add_argument("--url", default="http://127.0.0.1:9464", help="aggregator base URL")
     p.add_argument("--token", default="", help="bearer token, if the API requires one")
     fmt = p.add_mutually_exclusive_group()
@@ -46,6 +51,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     fmt.add_argument("--csv", action="store_true", help="CSV: time,series,value")
     p.add_argument("--timeout", type=float, default=30.0)
     p.set_defaults(func=run)
+
+
+def select_job(expr: str, job: str) -> str:
+    """``expr`` with ``level="job",job="<job>"`` in its (first) selector."""
+    quoted = job.replace("\\", "\\\\").replace('"', '\\"')
+    matchers = f'level="job",job="{quoted}"'
+    if "{" in expr:
+        head, _, tail = expr.partition("{")
+        return f"{head}{{{matchers}{',' if tail.strip() and tail.strip()[0] != '}' else ''}{tail}"
+    if re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr.strip()):
+        return f"{expr.strip()}{{{matchers}}}"
+    raise ValueError("--job needs a selector such as metric_name or metric_name{...}")
 
 
 def parse_when(text: str, now: float) -> float:
@@ -111,7 +128,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"fleetpulse query: bad time: {exc}", file=sys.stderr)
         return 2
-    form = {"query": args.expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": args.step}
+    expr = args.expr
+    if args.job:
+        try:
+            expr = select_job(expr, args.job)
+        except ValueError as exc:
+            print(f"query: {exc}", file=sys.stderr)
+            return 2
+    form = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": args.step}
     if args.resolution:
         form["resolution"] = args.resolution
     req = urllib.request.Request(

@@ -1,0 +1,239 @@
+"""Which workload each GPU served when, as the aggregator learned it from the events topic.
+
+The table holds facts, never a running state: an attachment is keyed by
+``(gpu entity path, workload, from_ms)`` and its end is ``to_ms`` once an event said so.
+Folding the same events in any order, or twice (a replay after kill -9), gives the same
+table -- a second start event is the same key, an end only fills ``to_ms``. So the workload
+rollups computed from it (:mod:`aggregator.workload_query`) do not depend on how the events
+topic and the samples topic interleaved, nor on a crash.
+
+An attachment still open ends where the next attachment of the same GPU begins (an agent
+restarted and re-announced, or missed the end): :meth:`spans` applies that at read time.
+
+XID events are kept too (GPU path, time, code): a job's XIDs are those of its GPUs during
+its attachments; so are GPU alerts (from the alerts topic: id and start), a job's alerts
+being those that started on its GPUs while attached.
+
+Persistence: an append-only JSON-lines file beside the entity index, one line per new fact,
+handed to the OS at once (what survives a kill -9 of the process) and fsynced by
+:meth:`flush` in the durability cycle before the events partition's offset is committed.
+A torn last line is ignored at load, as in :mod:`aggregator.series_index`. A disk that
+refuses a write (full, read-only) loses nothing: the file is cut back to its last whole
+line, the facts wait in memory, and :meth:`flush` raises
+:class:`~aggregator.store.StoreWriteError` -- so the cycle (``aggregator.disk_health``)
+checkpoints and commits nothing -- until a retry gets them all onto the disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from aggregator.store import StoreWriteError
+from aggregator.store.series_store import _write_whole
+from schemas.attribution import Attachment
+from schemas.records import AlertRecord, EventKind, EventRecord
+
+__all__ = ["AttributionTable", "Span"]
+
+log = logging.getLogger("fleetpulse.aggregator")
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One workload on one GPU entity over ``[start, end)`` (``end`` None: open)."""
+
+    gpu: str
+    """GPU entity path ``cluster/row/rack/node/<index>``."""
+    workload: str
+    labels: dict[str, str]
+    start: int
+    end: int | None
+
+
+class AttributionTable:
+    """See the module docstring. Used from the aggregator's store thread only."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self._path = Path(path) if path is not None else None
+        self._ends: dict[tuple[str, str, int], int | None] = {}
+        self._labels: dict[tuple[str, str, int], dict[str, str]] = {}
+        self.xids: dict[str, set[tuple[int, int]]] = {}
+        """GPU path -> {(ts_ms, xid)}."""
+        self.alerts: dict[str, dict[str, int]] = {}
+        """GPU path -> {alert id: started_ms}."""
+        self.unmapped = 0
+        """Attribution events without a GPU index (a MIG uuid the agent could not place)."""
+        self.version = 0
+        self.write_errors = 0
+        self._fd: int | None = None
+        self._size = 0
+        self._unwritten: list[bytes] = []
+        self._dirty = False
+        if self._path is not None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            if self._path.exists():
+                self._load()
+            self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._size = os.fstat(self._fd).st_size
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def _load(self) -> None:
+        assert self._path is not None
+        data = self._path.read_bytes()
+        good = 0
+        for line in data.split(b"\n"):
+            if not line:
+                good += 1
+                continue
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                break
+            if "xid" in rec:
+                self._xid(rec["gpu"], rec["ts"], rec["xid"])
+            elif "alert" in rec:
+                self._alert(rec["gpu"], rec["alert"], rec["ts"])
+            else:
+                self._attach(rec["gpu"], rec["workload"], rec["labels"], rec["from"], rec["to"])
+            good += len(line) + 1
+        if good < len(data):
+            with open(self._path, "r+b") as fh:
+                fh.truncate(good)
+
+    # ----------------------------------------------------------------- folding
+    def observe(self, rec: EventRecord) -> bool:
+        """Fold one event (raises DecodeError for a malformed attribution); True if new."""
+        if rec.kind is EventKind.XID:
+            xid = rec.data.get("xid")
+            if rec.gpu is None or type(xid) is not int:
+                return False
+            path = f"{rec.identity.path}/{rec.gpu}"
+            if self._xid(path, rec.ts_ms, xid):
+                self._write({"gpu": path, "ts": rec.ts_ms, "xid": xid})
+                return True
+            return False
+        if rec.kind is not EventKind.ATTRIBUTION:
+            return False
+        att = Attachment.from_event(rec)
+        if rec.gpu is None:
+            self.unmapped += 1
+            return False
+        path = f"{rec.identity.path}/{rec.gpu}"
+        if self._attach(path, att.workload, att.labels, att.from_ms, att.to_ms):
+            self._write({"gpu": path, "workload": att.workload, "labels": att.labels,
+                         "from": att.from_ms, "to": att.to_ms})
+            return True
+        return False
+
+    def observe_alert(self, rec: AlertRecord) -> bool:
+        """Fold one alert transition (GPU level only); True if it is a new alert."""
+        head, sep, index = rec.entity.rpartition("/gpu-")
+        if rec.level != "gpu" or not sep or not index.isdigit():
+            return False
+        path = f"{head}/{index}"
+        if self._alert(path, rec.id, rec.started_ms):
+            self._write({"gpu": path, "alert": rec.id, "ts": rec.started_ms})
+            return True
+        return False
+
+    def _alert(self, path: str, alert: str, ts: int) -> bool:
+        seen = self.alerts.setdefault(path, {})
+        if alert in seen:
+            return False
+        seen[alert] = ts
+        self.version += 1
+        return True
+
+    def _xid(self, path: str, ts: int, xid: int) -> bool:
+        seen = self.xids.setdefault(path, set())
+        if (ts, xid) in seen:
+            return False
+        seen.add((ts, xid))
+        self.version += 1
+        return True
+
+    def _attach(self, path: str, workload: str, labels: dict[str, str], start: int,
+                end: int | None) -> bool:
+        key = (path, workload, start)
+        if key in self._ends:
+            if end is None or self._ends[key] is not None:
+                return False  # the same start again, or an end already known
+            self._ends[key] = end
+        else:
+            self._ends[key] = end
+            self._labels[key] = dict(labels)
+        self.version += 1
+        return True
+
+    def _write(self, obj: dict[str, object]) -> None:
+        if self._fd is None:
+            return
+        self._unwritten.append(orjson.dumps(obj) + b"\n")
+        try:
+            self._drain()
+        except StoreWriteError as exc:
+            self.write_errors += 1
+            if self.write_errors == 1 or self.write_errors % 1000 == 0:
+                log.error("attribution table: %s (%d facts wait in memory)", exc,
+                          len(self._unwritten))
+
+    def _drain(self) -> None:
+        """Hand every waiting line to the OS, whole, or none of them (StoreWriteError)."""
+        if self._fd is None or not self._unwritten:
+            return
+        data = b"".join(self._unwritten)
+        _write_whole(self._fd, data, self._size, self._path or Path("?"))
+        self._size += len(data)
+        self._unwritten.clear()
+        self._dirty = True
+
+    def flush(self) -> None:
+        """Make every fact durable (the durability cycle, before offsets are committed);
+        StoreWriteError while the disk refuses."""
+        if self._fd is None:
+            return
+        self._drain()
+        if self._dirty:
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                raise StoreWriteError(f"cannot fsync {self._path}: {exc}") from exc
+            self._dirty = False
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    # ----------------------------------------------------------------- reading
+    def spans(self) -> list[Span]:
+        """Every attachment, sorted by (GPU, start); an open one ends at the GPU's next."""
+        out: list[Span] = []
+        keys = sorted(self._ends)
+        by_gpu: dict[str, list[tuple[str, str, int]]] = {}
+        for k in keys:
+            by_gpu.setdefault(k[0], []).append(k)
+        for gpu in sorted(by_gpu):
+            ks = sorted(by_gpu[gpu], key=lambda k: (k[2], k[1]))
+            for i, k in enumerate(ks):
+                end = self._ends[k]
+                later = [o[2] for o in ks[i + 1:] if o[2] > k[2]]
+                if later and (end is None or end > later[0]):
+                    end = later[0]
+                out.append(Span(gpu, k[1], self._labels[k], k[2], end))
+        return out
+
+    def xids_in(self, gpu: str, start: int, end: int | None) -> int:
+        """XID events of ``gpu`` with ``start <= ts < end``."""
+        hi = end if end is not None else 1 << 62
+        return sum(1 for ts, _ in self.xids.get(gpu, ()) if start <= ts < hi)
