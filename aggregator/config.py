@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from fleetpulse.config import ConfigError, TransportConfig
 
@@ -17,10 +16,8 @@ class AggregatorConfig:
     transport: TransportConfig = field(default_factory=TransportConfig)
     """How to reach Kafka (or the embedded broker)."""
     data_dir: str = "data/aggregator"
-    """Store, entity index and (by default) checkpoints live here."""
-    state_dir: str = ""
-    """Checkpoints; empty = ``<data_dir>/state``. Share it between the instances of one
-    consumer group so a partition's checkpoint follows it across a rebalance."""
+    """Store and entity index of this instance (its own: partition checkpoints travel
+    through the group's changelog topics, ``<group_id>-changelog``)."""
     listen: str = "127.0.0.1:9464"
     """host:port of the query API and /metrics (127.0.0.1 unless you mean otherwise)."""
     group_id: str = "fleetpulse-aggregator"
@@ -59,10 +56,6 @@ class AggregatorConfig:
     agent whose clock jumped); 0 turns it off, for synthetic time run faster than real."""
     max_samples: int = 50_000_000
     """Most series x points one selector may read; more is refused (422) before reading."""
-
-    @property
-    def state_path(self) -> Path:
-        return Path(self.state_dir) if self.state_dir else Path(self.data_dir) / "state"
 
     @property
     def host_port(self) -> tuple[str, int]:

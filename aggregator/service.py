@@ -4,7 +4,8 @@ Durability cycle (every ``commit_interval_ms``, on a rebalance's revoke, and at 
 
 1. rollups produced so far are acknowledged by the broker (awaited sends);
 2. the entity index and then the store are flushed (fsync);
-3. each owned partition's checkpoint is written (atomic rename);
+3. each owned partition's checkpoint is written to the group's changelog topic and
+   acknowledged (:mod:`fleetpulse.changelog`; instances share nothing but the broker);
 4. the partitions' resume offsets are committed to Kafka.
 
 A kill -9 anywhere in between leaves a committed offset no newer than the durable data and
@@ -39,7 +40,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from aggregator.checkpoint import PartitionCheckpoint, load_checkpoint, save_checkpoint
+from aggregator.checkpoint import PartitionCheckpoint, checkpoint_bytes, checkpoint_from_bytes
 from aggregator.config import AggregatorConfig
 from aggregator.disk_health import DiskHealth
 from aggregator.http_api import add_query_routes, build_query_app
@@ -50,6 +51,7 @@ from aggregator.row_stage import RowStage
 from aggregator.series_index import EntityIndex
 from aggregator.store import SeriesStore, StoreConfig
 from aggregator.window_kernel import warm_up
+from fleetpulse.changelog import Changelog
 from fleetpulse.transport import (
     Consumer,
     Message,
@@ -78,11 +80,13 @@ class _Stage(Protocol):
 class _Loop:
     """One consumer feeding one stage, with its rebalance listener."""
 
-    def __init__(self, service: AggregatorService, stage: _Stage, topic: str, group: str) -> None:
+    def __init__(self, service: AggregatorService, stage: _Stage, topic: str, group: str,
+                 partitions: int) -> None:
         self.service = service
         self.stage = stage
         self.topic = topic
         self.group = group
+        self.changelog = Changelog(service.transport, f"{group}-changelog", partitions)
         self.consumer: Consumer | None = None
         self.lag = 0
         self.owned: set[int] = set()
@@ -118,12 +122,14 @@ class _Loop:
         is avoided on purpose: the callback may run while the consumer is still starting.
         """
         mine = sorted(p for t, p in assigned if t == self.topic)
-        await self.service.in_store(self._assign, mine)
+        states = await self.changelog.load((self.topic, p) for p in mine)
+        await self.service.in_store(self._assign, mine, states)
         self.owned.update(mine)
 
-    def _assign(self, partitions: list[int]) -> None:
+    def _assign(self, partitions: list[int], states: dict[TopicPartition, bytes]) -> None:
         for p in partitions:
-            self.stage.assign(p, load_checkpoint(self.service.state_dir, self.topic, p))
+            data = states.get((self.topic, p))
+            self.stage.assign(p, checkpoint_from_bytes(data) if data is not None else None)
 
 
 class AggregatorService:
@@ -134,7 +140,6 @@ class AggregatorService:
         self.topics = Topics(cfg.transport.topic_prefix)
         data = Path(cfg.data_dir)
         data.mkdir(parents=True, exist_ok=True)
-        self.state_dir = cfg.state_path
         self.store = SeriesStore(StoreConfig(path=str(data / "store"), fsync=cfg.fsync))
         self.index = EntityIndex(data / "entities.jsonl")
         self.transport = transport or open_transport(cfg.transport)
@@ -146,9 +151,11 @@ class AggregatorService:
         self.engine = QueryEngine(self.store, self.index, QueryLimits(
             cfg.max_points_per_series, cfg.max_series, cfg.lookback_ms, cfg.max_samples),
             now_fn=self.data_time)
-        self.loops = [_Loop(self, self.rack, self.topics.samples, cfg.group_id)]
+        self.loops = [_Loop(self, self.rack, self.topics.samples, cfg.group_id,
+                            cfg.samples_partitions)]
         if cfg.row_stage:
-            self.loops.append(_Loop(self, self.row, self.topics.rollups, f"{cfg.group_id}-rows"))
+            self.loops.append(_Loop(self, self.row, self.topics.rollups, f"{cfg.group_id}-rows",
+                                    cfg.rollups_partitions))
         self.dead_letters = 0
         self.disk = DiskHealth()
         self.rollups_published = 0
@@ -175,6 +182,7 @@ class AggregatorService:
             self.topics.deadletter: 1,
         })
         for loop in self.loops:
+            await loop.changelog.ensure()
             loop.consumer = self.transport.consumer([loop.topic], loop.group, listener=loop)
         if serve_http:
             app = build_query_app(self.engine, bearer_token=self.cfg.bearer_token,
@@ -294,25 +302,28 @@ class AggregatorService:
         # holding a batch) can have revoked some, and their state is gone from the stage.
         # A revocation after this point is queued on the store thread behind this cycle.
         parts = sorted(p for p in wanted if p in loop.owned)
-        offsets = await self.in_store(self._flush_and_checkpoint, loop,
-                                      parts if loop.consumer is not None else [])
+        offsets, states = await self.in_store(self._flush_and_checkpoint, loop,
+                                              parts if loop.consumer is not None else [])
         if offsets and loop.consumer is not None:
+            await loop.changelog.save(states)
             await loop.consumer.commit_checkpointed(offsets)
 
     def _flush_and_checkpoint(self, loop: _Loop, parts: list[int]
-                              ) -> dict[TopicPartition, int]:
-        """(Store thread) steps 2 and 3: index and store durable, then the checkpoints.
+                              ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, bytes]]:
+        """(Store thread) step 2 and the checkpoints of step 3: index and store durable,
+        then each partition's checkpoint (resume offsets, serialised checkpoints).
 
         Nothing is checkpointed (and so nothing committed) when the disk refused the flush
         (see ``disk_health``)."""
         if not self.disk.flush(self.index, self.store):
-            return {}
+            return {}, {}
         offsets: dict[TopicPartition, int] = {}
+        states: dict[TopicPartition, bytes] = {}
         for p in parts:
             ckpt = loop.stage.checkpoint(p)
-            save_checkpoint(self.state_dir, ckpt)
+            states[(loop.topic, p)] = checkpoint_bytes(ckpt)
             offsets[(loop.topic, p)] = ckpt.resume_offset
-        return offsets
+        return offsets, states
 
     async def _acknowledged(self, pending: list[tuple[asyncio.Future[Any], bytes, bytes]],
                             attempts: int = 5) -> None:

@@ -3,6 +3,8 @@
 One :class:`~detector.shard.DetectorShard` per assigned samples partition and one
 :class:`~detector.event_rules.EventShard` per events partition. The rebalance listener
 loads a partition's checkpoint when it is assigned and writes one when it is revoked;
+checkpoints live in the group's compacted changelog topic (``<group_id>-changelog``, see
+:mod:`fleetpulse.changelog`), so a partition's state follows it to any instance;
 checkpoints are also written every ``checkpoint_interval_s`` and at shutdown, each with the
 offset its state covers, and only then are those offsets committed to Kafka (the committed
 offset is the lag gauge; the checkpoint's own offset is the truth, so a message below it is
@@ -40,13 +42,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from detector.checkpoint import (
-    CheckpointError,
-    atomic_write,
-    checkpoint_path,
-    load_shard,
-    shard_bytes,
-)
+from detector.checkpoint import CheckpointError, atomic_write, restore_shard, shard_bytes
 from detector.config import DetectorConfig
 from detector.event_rules import EventShard
 from detector.features import GATHERED, gather, group_median
@@ -55,6 +51,7 @@ from detector.remediation import RemediationHook
 from detector.shard import DetectorShard, TickBlock, alert_id
 from detector.silence import SilenceWatch
 from detector.webhook import AlertmanagerWebhook
+from fleetpulse.changelog import Changelog, ChangelogError
 from fleetpulse.transport import (
     Consumer,
     Message,
@@ -216,6 +213,8 @@ class DetectorService:
         self.engine = engine
         self.topics = Topics(config.transport.topic_prefix)
         self.state_dir = Path(config.state_dir)
+        """This instance's own files (the open lag alert); partition state is in Kafka."""
+        self.changelog = Changelog(transport, f"{config.group_id}-changelog", config.partitions)
         self.shards: dict[int, DetectorShard] = {}
         self.event_shards: dict[int, EventShard] = {}
         self.next_offset: dict[TopicPartition, int] = {}
@@ -268,6 +267,7 @@ class DetectorService:
         t = self.topics
         await self.transport.ensure_topics({t.samples: cfg.partitions, t.events: cfg.partitions,
                                             t.alerts: cfg.partitions, t.deadletter: 1})
+        await self.changelog.ensure()
         self._alert_partitions = await self.transport.partitions_for(t.alerts)
         await asyncio.to_thread(warm_up, cfg, self.engine)
         self._lag_alert = await asyncio.to_thread(self._load_lag_alert)
@@ -310,13 +310,23 @@ class DetectorService:
 
     async def on_assigned(self, assigned: frozenset[TopicPartition]) -> None:
         alert_from: dict[int, int] = {}
+        new = [(t, p) for t, p in assigned
+               if (t == self.topics.samples and p not in self.shards)
+               or (t == self.topics.events and p not in self.event_shards)]
+        try:
+            states = await self.changelog.load(new)
+        except ChangelogError as exc:
+            log.error("changelog unusable (%s); starting %s afresh", exc, sorted(new))
+            states = {}
         for tp in sorted(assigned):
             topic, p = tp
+            data = states.get(tp)
             if topic == self.topics.samples and p not in self.shards:
                 shard = DetectorShard(self.config, self.engine)
                 try:
                     # In a thread: restoring many models takes seconds (heartbeats go on).
-                    offsets = await asyncio.to_thread(load_shard, self.state_dir, p, shard)
+                    offsets = (await asyncio.to_thread(restore_shard, shard, data)
+                               if data is not None else None)
                 except CheckpointError as exc:
                     log.error("partition %d: %s; starting its models afresh", p, exc)
                     shard, offsets = DetectorShard(self.config, self.engine), None
@@ -336,10 +346,9 @@ class DetectorService:
                              len(shard.gpu_paths), offsets["samples"])
             elif topic == self.topics.events and p not in self.event_shards:
                 es = EventShard(self.config.rules.event_hold_s)
-                path = self.state_dir / f"events-{p}.ckpt"
-                if path.exists():
+                if data is not None:
                     try:
-                        self.next_offset[tp] = es.load(path.read_bytes())
+                        self.next_offset[tp] = es.load(data)
                     except (ValueError, KeyError, DecodeError) as exc:
                         log.error("events partition %d checkpoint unusable: %s", p, exc)
                         es = EventShard(self.config.rules.event_hold_s)
@@ -708,19 +717,20 @@ class DetectorService:
         async with self._shard_lock(p):
             offset = self.next_offset[(self.topics.samples, p)]
             data = await asyncio.to_thread(shard_bytes, shard, {"samples": offset, **extra})
-        await asyncio.to_thread(atomic_write, checkpoint_path(self.state_dir, p), data)
+        await self.changelog.save({(self.topics.samples, p): data})
         return offset
 
     async def _save_events(self, only: frozenset[TopicPartition] | None
                            ) -> dict[TopicPartition, int]:
         commit: dict[TopicPartition, int] = {}
+        states: dict[TopicPartition, bytes] = {}
         for p, es in list(self.event_shards.items()):
             tp = (self.topics.events, p)
             if (only is not None and tp not in only) or tp not in self.next_offset:
                 continue
-            data = es.to_bytes(self.next_offset[tp])
-            await asyncio.to_thread(atomic_write, self.state_dir / f"events-{p}.ckpt", data)
+            states[tp] = es.to_bytes(self.next_offset[tp])
             commit[tp] = self.next_offset[tp]
+        await self.changelog.save(states)
         return commit
 
 

@@ -24,7 +24,11 @@ import numpy as np
 import pytest
 from test_aggregator_support import T0, make_fleet, stored_points
 
-from aggregator.checkpoint import load_checkpoint, save_checkpoint
+from aggregator.checkpoint import (
+    PartitionCheckpoint,
+    checkpoint_bytes,
+    checkpoint_from_bytes,
+)
 from aggregator.rack_stage import RackStage, StageStats
 from aggregator.series_index import EntityIndex
 from aggregator.store import SeriesStore, StoreConfig
@@ -35,6 +39,17 @@ TOPIC = "t.samples"
 BATCH = 7
 CYCLE = 3
 """A durability cycle after every CYCLE batches, as the service does every commit interval."""
+
+def save_checkpoint(state: Path, ckpt: PartitionCheckpoint) -> None:
+    """What the changelog holds for a partition, kept as a file for these in-process runs."""
+    state.mkdir(parents=True, exist_ok=True)
+    (state / f"{ckpt.topic}-{ckpt.partition}").write_bytes(checkpoint_bytes(ckpt))
+
+
+def load_checkpoint(state: Path, topic: str, partition: int) -> PartitionCheckpoint | None:
+    path = state / f"{topic}-{partition}"
+    return checkpoint_from_bytes(path.read_bytes()) if path.exists() else None
+
 
 
 def _renumber(order: list[Message]) -> list[Message]:
