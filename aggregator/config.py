@@ -54,6 +54,11 @@ class AggregatorConfig:
     max_future_ms: int = 600_000
     """Samples stamped further ahead of this host's clock are counted, not rolled up (an
     agent whose clock jumped); 0 turns it off, for synthetic time run faster than real."""
+    peers: tuple[str, ...] = ()
+    """Query API base URLs (``http://host:port``) of the other instances of the group: the
+    query API then answers for the whole fleet (:mod:`aggregator.fleet_query`). This
+    instance's own address may be listed too (skipped), so every instance can share one
+    list."""
     max_samples: int = 50_000_000
     """Most series x points one selector may read; more is refused (422) before reading."""
 
@@ -70,5 +75,8 @@ class AggregatorConfig:
         host, _, port = self.listen.rpartition(":")
         if not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ConfigError(f"listen must be host:port, got {self.listen!r}")
+        for peer in self.peers:
+            if not peer.startswith(("http://", "https://")):
+                raise ConfigError(f"peers are http(s):// URLs, got {peer!r}")
         if self.max_points_per_series < 1 or self.max_series < 1 or self.max_samples < 1:
             raise ConfigError("query limits must be positive")

@@ -43,6 +43,7 @@ from prometheus_client.registry import Collector
 from aggregator.checkpoint import PartitionCheckpoint, checkpoint_bytes, checkpoint_from_bytes
 from aggregator.config import AggregatorConfig
 from aggregator.disk_health import DiskHealth
+from aggregator.fleet_query import FleetEngine, Peer, add_peer_routes
 from aggregator.http_api import add_query_routes, build_query_app
 from aggregator.http_errors import JsonErrorRunner
 from aggregator.query_engine import QueryEngine, QueryLimits
@@ -151,6 +152,12 @@ class AggregatorService:
         self.engine = QueryEngine(self.store, self.index, QueryLimits(
             cfg.max_points_per_series, cfg.max_series, cfg.lookback_ms, cfg.max_samples),
             now_fn=self.data_time)
+        own = f"http://{cfg.host_port[0]}:{cfg.host_port[1]}"
+        self.peers = [Peer(url, cfg.bearer_token) for url in dict.fromkeys(cfg.peers)
+                      if url.rstrip("/") != own]
+        self.fleet: FleetEngine | None = None
+        """The query API's engine when peers are configured: answers for every instance."""
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.loops = [_Loop(self, self.rack, self.topics.samples, cfg.group_id,
                             cfg.samples_partitions)]
         if cfg.row_stage:
@@ -184,9 +191,14 @@ class AggregatorService:
         for loop in self.loops:
             await loop.changelog.ensure()
             loop.consumer = self.transport.consumer([loop.topic], loop.group, listener=loop)
+        self._loop = asyncio.get_running_loop()
+        if self.peers:
+            self.fleet = FleetEngine(self.store, self.index, self.engine.limits, self.peers,
+                                     self._in_store_blocking, now_fn=self.data_time)
         if serve_http:
-            app = build_query_app(self.engine, bearer_token=self.cfg.bearer_token,
-                                  run=self.in_store)
+            app = build_query_app(self.fleet or self.engine, bearer_token=self.cfg.bearer_token,
+                                  run=self._query_runner())
+            add_peer_routes(app, self.index, self.store, self.in_store)
             self.mount_metrics(app)
             self._runner = JsonErrorRunner(app, access_log=None)
             await self._runner.setup()
@@ -199,6 +211,22 @@ class AggregatorService:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _query_runner(self) -> Callable[[Callable[[], Any]], Any]:
+        """Where the query API's engine calls run: the store thread for this instance's
+        engine; a worker thread for the fleet engine, which waits on peers and reaches this
+        store through :meth:`_in_store_blocking`."""
+        if self.fleet is None:
+            return self.in_store
+
+        async def in_worker(fn: Callable[[], Any]) -> Any:
+            return await asyncio.to_thread(fn)
+        return in_worker
+
+    def _in_store_blocking(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the store thread, called from another thread (the fleet engine's)."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(self.in_store(fn), self._loop).result()
 
     async def in_store(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the store thread (module docstring), awaited.
@@ -247,6 +275,8 @@ class AggregatorService:
             await self._runner.cleanup()
             self._runner = None
         await self.transport.close()
+        if self.fleet is not None:
+            self.fleet.close()
         await self.in_store(self.index.close)
         await self.in_store(self.store.close)
         self._store_thread.shutdown(wait=True)
@@ -396,7 +426,8 @@ class AggregatorService:
 
     def add_routes(self, app: web.Application) -> None:
         """Mount the query API and /metrics on another application (e.g. the web page's)."""
-        add_query_routes(app, self.engine, run=self.in_store)
+        add_query_routes(app, self.fleet or self.engine, run=self._query_runner())
+        add_peer_routes(app, self.index, self.store, self.in_store)
         self.mount_metrics(app)
 
 
@@ -459,6 +490,17 @@ class _Collector(Collector):
         yield GaugeMetricFamily("fleetpulse_aggregator_store_bytes",
                                 "Bytes of the store's segment files.",
                                 value=g.get("store_bytes", 0))
+        if s.fleet is not None:
+            fs = s.fleet.stats
+            yield CounterMetricFamily("fleetpulse_aggregator_fleet_queries",
+                                      "Queries answered over every instance.", value=fs.queries)
+            yield CounterMetricFamily("fleetpulse_aggregator_fleet_peer_errors",
+                                      "Peer calls of fleet queries that failed (that peer's "
+                                      "windows were left out of that answer).",
+                                      value=fs.peer_errors)
+            yield CounterMetricFamily("fleetpulse_aggregator_fleet_conflicts",
+                                      "Points two instances hold with different values.",
+                                      value=fs.conflicts)
         yield GaugeMetricFamily("fleetpulse_aggregator_entities",
                                 "GPUs, nodes, racks, rows and clusters known.",
                                 value=g.get("entities", 0))

@@ -160,8 +160,15 @@ class _ListenerAdapter(ConsumerRebalanceListener):
         tps = frozenset(_tp(t) for t in assigned)
         if not tps or self._listener is None:
             return
-        await self._consumer._polling.wait()
-        await self._listener.on_assigned(tps)
+        # Before any await: aiokafka fetches for the new assignment while this callback
+        # runs, and getmany must not hand those records out before the listener has loaded
+        # the partitions' state (a restore from the changelog takes a round trip).
+        self._consumer._settled.clear()
+        try:
+            await self._consumer._polling.wait()
+            await self._listener.on_assigned(tps)
+        finally:
+            self._consumer._settled.set()
 
 
 class KafkaConsumer(Consumer):
@@ -189,6 +196,9 @@ class KafkaConsumer(Consumer):
         # Serialises the first start: a second caller (e.g. a rebalance callback calling
         # committed()) must wait for it, not start a second group member.
         self._starting = asyncio.Lock()
+        # Clear while the listener's on_assigned runs; getmany holds records back until then.
+        self._settled = asyncio.Event()
+        self._settled.set()
 
     async def _client(self) -> AIOKafkaConsumer:
         if self._stopped:
@@ -227,6 +237,10 @@ class KafkaConsumer(Consumer):
             batches = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         except KafkaError as exc:
             raise _error(f"fetch for group {self._group_id!r} failed", exc) from exc
+        if not self._settled.is_set():
+            await self._settled.wait()
+            owned = consumer.assignment()
+            batches = {k: v for k, v in batches.items() if k in owned}
         out = [
             Message(
                 topic=r.topic,
