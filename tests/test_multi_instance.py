@@ -54,6 +54,7 @@ DAY_MS = 86_400_000
 START_MS = 19_675 * DAY_MS + DAY_MS - 120_000
 """23:58:00: the four minutes cross an hour and a day boundary."""
 PARTITIONS = 6
+PACE_S = 0.25
 TIERS = {"raw": 1000, "10s": 10_000, "1m": 60_000, "1h": 3_600_000, "1d": DAY_MS}
 XID_AT = {3: 15, 10: 130, 17: 210, 22: 60}
 """rack -> step of an XID 79 on its GPU 1 (critical, stays open): alerts before the kill,
@@ -81,9 +82,16 @@ def _frames(lo: int, hi: int) -> list[tuple[bytes, bytes]]:
     return out
 
 
-async def _produce(transport: Transport, topics: Topics, lo: int, hi: int) -> None:
-    futures = [await transport.send(topics.samples, v, key=k) for v, k in _frames(lo, hi)]
-    await asyncio.gather(*futures)
+async def _produce(transport: Transport, topics: list[Topics], lo: int, hi: int) -> None:
+    """Steps [lo, hi) as they would arrive live: a frame per rack every PACE_S, into every
+    prefix at once. (The row stage closes a row window once every rack it has seen moved
+    past it; a backlog consumed partition by partition would make a rack's first rollups
+    late at the row stage in one run and not in another.)"""
+    for s in range(lo, hi, TICKS):
+        futures = [await transport.send(t.samples, v, key=k)
+                   for t in topics for v, k in _frames(s, s + TICKS)]
+        await asyncio.gather(*futures)
+        await asyncio.sleep(PACE_S)
 
 
 def _free_port() -> int:
@@ -209,6 +217,12 @@ def _settled(ports: list[int], live: list[int]) -> bool:
                     for m in ms))
 
 
+async def _settled_now(ports: list[int], live: list[int]) -> bool:
+    """:func:`_settled` in a thread: the reference aggregator shares this event loop, and
+    its heartbeats must not wait for these HTTP calls."""
+    return await asyncio.to_thread(_settled, ports, live)
+
+
 async def _alerts(transport: Transport, topics: Topics) -> list[AlertRecord]:
     consumer = transport.consumer([topics.alerts], f"check-{uuid.uuid4().hex}")
     out: list[AlertRecord] = []
@@ -276,44 +290,52 @@ async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_insta
         data_dir=str(tmp_path / "ref"), listen="127.0.0.1:0", group_id=f"{ref.prefix}-agg",
         commit_interval_ms=300, lateness_ms=5000, row_lateness_ms=600_000,
         samples_partitions=PARTITIONS, rollups_partitions=3, max_future_ms=0,
-        max_series=1_000_000, fsync=False)
+        max_series=1_000_000, max_batch=50, fsync=False)
+    # max_batch as the instances': a stage closes due windows only while batches come (a
+    # budget per batch), so one huge batch at the end of the data would leave some open.
     ref_svc = AggregatorService(ref_cfg)
     ref_task: asyncio.Task[None] | None = None
     try:
         for p in everyone:
             p.start()
-        await _produce(transport, ref, 0, STEPS)
         await ref_svc.start()
         ref_task = asyncio.create_task(ref_svc.run())
-        await _produce(transport, hit, 0, 100)
+
+        async def all_joined() -> bool:
+            return (await _settled_now(ports, [0, 1, 2])
+                    and [len(lp.owned) for lp in ref_svc.loops] == [PARTITIONS, 3])
+        await _until(all_joined, everyone, 150, "every aggregator to join")
+        await _produce(transport, [hit, ref], 0, 100)
 
         async def all_working() -> bool:
-            return _settled(ports, [0, 1, 2]) and {3, 22} <= _xid_racks(
+            return await _settled_now(ports, [0, 1, 2]) and {3, 22} <= _xid_racks(
                 await _alerts(transport, hit))
         await _until(all_working, everyone, 150, "every instance to be working")
 
         aggs[1].kill()  # mid-run, with open windows and unflushed data
         dets[1].kill()
-        await _produce(transport, hit, 100, 200)
+        await _produce(transport, [hit, ref], 100, 200)
         live = [aggs[0], aggs[2], dets[0]]
 
         async def survivors_took_over() -> bool:
-            return _settled(ports, [0, 2]) and 10 in _xid_racks(await _alerts(transport, hit))
+            return (await _settled_now(ports, [0, 2])
+                    and 10 in _xid_racks(await _alerts(transport, hit)))
         await _until(survivors_took_over, live, 120, "the survivors to take over")
 
         aggs[1].start()  # the same data directories: they rejoin
         dets[1].start()
-        await _produce(transport, hit, 200, STEPS)
+        await _produce(transport, [hit, ref], 200, STEPS)
 
         async def rejoined() -> bool:
-            ms = [_metrics(p) for p in ports]
-            return (_settled(ports, [0, 1, 2])
+            ms = await asyncio.to_thread(lambda: [_metrics(p) for p in ports])
+            return (await _settled_now(ports, [0, 1, 2])
                     and ms[1].get('fleetpulse_aggregator_partitions{stage="rack"}', 0) > 0
                     and 17 in _xid_racks(await _alerts(transport, hit)))
         await _until(rejoined, everyone, 150, "the killed instances to rejoin")
 
         async def ref_done() -> bool:
-            return await ref_svc.behind() == 0 and ref_svc.rack.stats.frames > 0
+            return ([len(lp.owned) for lp in ref_svc.loops] == [PARTITIONS, 3]
+                    and await ref_svc.behind() == 0 and ref_svc.rack.stats.frames > 0)
         await _until(ref_done, everyone, 60, "the reference to drain")
         await asyncio.sleep(1.0)  # one more durable cycle everywhere
 
