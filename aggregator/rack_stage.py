@@ -590,6 +590,11 @@ class RackStage:
     def open_windows(self) -> int:
         return sum(len(p.open) for p in self.parts.values())
 
+    def pending_close(self) -> bool:
+        """Due windows left over by a batch's close budget: ``process([])`` closes them
+        (the service calls it when no message came, so the end of the data closes too)."""
+        return bool(self._due)
+
     def catching_up(self) -> int:
         """Partitions whose coarse tiers are still reading back windows from the store (after
         an assignment): their 1 min / 1 h / 1 d points appear once that is done."""

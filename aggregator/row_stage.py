@@ -305,3 +305,6 @@ class RowStage:
 
     def open_windows(self) -> int:
         return sum(len(p.open) for p in self.parts.values())
+
+    def pending_close(self) -> bool:
+        return False  # closes everything due in the batch that made it due

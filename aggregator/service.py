@@ -76,6 +76,7 @@ class _Stage(Protocol):
     def process(self, msgs: list[Message]) -> tuple[list[tuple[Message, str]], list[Any]]: ...
     def checkpoint(self, partition: int) -> PartitionCheckpoint: ...
     def open_windows(self) -> int: ...
+    def pending_close(self) -> bool: ...
 
 
 class _Loop:
@@ -287,7 +288,7 @@ class AggregatorService:
         interval = self.cfg.commit_interval_ms / 1000.0
         while not self._stop.is_set():
             msgs = await loop.consumer.getmany(timeout_ms=200, max_records=self.cfg.max_batch)
-            if msgs:
+            if msgs or loop.stage.pending_close():
                 await self.handle(loop, msgs)
             if time.monotonic() - last >= interval:
                 await self.durable(loop, set(loop.owned))
