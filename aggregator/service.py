@@ -52,7 +52,7 @@ from aggregator.row_stage import RowStage
 from aggregator.series_index import EntityIndex
 from aggregator.store import SeriesStore, StoreConfig
 from aggregator.window_kernel import warm_up
-from fleetpulse.changelog import Changelog
+from fleetpulse.changelog import Changelog, ChangelogError
 from fleetpulse.transport import (
     Consumer,
     Message,
@@ -124,7 +124,14 @@ class _Loop:
         is avoided on purpose: the callback may run while the consumer is still starting.
         """
         mine = sorted(p for t, p in assigned if t == self.topic)
-        states = await self.changelog.load((self.topic, p) for p in mine)
+        try:
+            states = await self.changelog.load((self.topic, p) for p in mine)
+        except ChangelogError as exc:
+            # Replaying without the state would double count or drop windows: stop, loudly.
+            log.error("partition state unusable, stopping: %s", exc)
+            self.service.failed = True
+            self.service.stop()
+            return
         await self.service.in_store(self._assign, mine, states)
         self.owned.update(mine)
 
@@ -288,6 +295,9 @@ class AggregatorService:
         interval = self.cfg.commit_interval_ms / 1000.0
         while not self._stop.is_set():
             msgs = await loop.consumer.getmany(timeout_ms=200, max_records=self.cfg.max_batch)
+            if any(m.partition not in loop.owned for m in msgs):
+                # Only partitions whose state was restored (a failed restore leaves some out).
+                msgs = [m for m in msgs if m.partition in loop.owned]
             if msgs or loop.stage.pending_close():
                 await self.handle(loop, msgs)
             if time.monotonic() - last >= interval:
