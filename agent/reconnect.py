@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 
 from fleetpulse.transport.base import (
     Consumer,
+    Message,
     RebalanceListener,
     RecordMeta,
+    TopicPartition,
     Transport,
     TransportError,
 )
@@ -76,14 +78,17 @@ class ReconnectingTransport(Transport):
             self.started = False
             await self.inner.close()
 
-    async def ensure_topics(self, topics: Mapping[str, int]) -> None:
+    async def ensure_topics(self, topics: Mapping[str, int], *,
+                            compacted: Collection[str] = ()) -> None:
         await self._ensure()
-        await self.inner.ensure_topics(topics)
+        await self.inner.ensure_topics(topics, compacted=compacted)
 
     async def send(self, topic: str, value: bytes, *, key: bytes | None = None,
-                   headers: Sequence[tuple[str, bytes]] = ()) -> asyncio.Future[RecordMeta]:
+                   headers: Sequence[tuple[str, bytes]] = (),
+                   partition: int | None = None) -> asyncio.Future[RecordMeta]:
         await self._ensure()
-        return await self.inner.send(topic, value, key=key, headers=headers)
+        return await self.inner.send(topic, value, key=key, headers=headers,
+                                     partition=partition)
 
     async def flush(self) -> None:
         if self.started:
@@ -92,6 +97,10 @@ class ReconnectingTransport(Transport):
     async def partitions_for(self, topic: str) -> int:
         await self._ensure()
         return await self.inner.partitions_for(topic)
+
+    async def read_log(self, tps: Iterable[TopicPartition]) -> list[Message]:
+        await self._ensure()
+        return await self.inner.read_log(tps)
 
     def consumer(self, topics: Sequence[str], group_id: str, *,
                  listener: RebalanceListener | None = None,

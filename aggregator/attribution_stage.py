@@ -73,6 +73,10 @@ class AttributionStage:
     def open_windows(self) -> int:
         return 0
 
+    def pending_close(self) -> bool:
+        """Nothing waits to be closed: each record is folded into the table at once."""
+        return False
+
 
 class _Position:
     __slots__ = ("position",)

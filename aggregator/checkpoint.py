@@ -4,24 +4,19 @@ The committed Kafka offset of a partition is the *resume* offset: the first mess
 still feeds an open window. Re-reading from there rebuilds the open windows; to make the
 same decisions as the run that wrote the checkpoint, the replay also needs the partition's
 watermark (which windows are closed, which samples are late), the (agent, seq) table and
-each counter's last value of its newest closed window. Those are written here, atomically
-(write, fsync, rename), after the store's flush and before the offset commit.
-
-Instances of one consumer group must share ``state_dir`` (one directory per group) for a
-partition's checkpoint to follow it across a rebalance; a single instance may keep it
-under its data directory.
+each counter's last value of its newest closed window. They go to the group's changelog
+topic (:mod:`fleetpulse.changelog`) after the store's flush and before the offset commit,
+and come back from it when the partition is assigned, on whichever instance that is.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-__all__ = ["PartitionCheckpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = ["PartitionCheckpoint", "checkpoint_bytes", "checkpoint_from_bytes"]
 
 
 @dataclass(slots=True)
@@ -41,38 +36,18 @@ class PartitionCheckpoint:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _path(state_dir: Path, topic: str, partition: int) -> Path:
-    return state_dir / f"{topic}-{partition}.ckpt.json"
-
-
-def save_checkpoint(state_dir: str | Path, ckpt: PartitionCheckpoint) -> None:
-    d = Path(state_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    final = _path(d, ckpt.topic, ckpt.partition)
-    tmp = final.with_suffix(f".tmp{os.getpid()}")
-    data = orjson.dumps({
+def checkpoint_bytes(ckpt: PartitionCheckpoint) -> bytes:
+    """The checkpoint as the changelog record stores it (JSON)."""
+    return orjson.dumps({
         "topic": ckpt.topic, "partition": ckpt.partition, "resume_offset": ckpt.resume_offset,
         "position": ckpt.position, "watermark": ckpt.watermark, "dedup": ckpt.dedup,
         "counters": ckpt.counters, "downsampled": ckpt.downsampled, "extra": ckpt.extra,
-    })
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
-    dfd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    }, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
-def load_checkpoint(state_dir: str | Path, topic: str, partition: int) -> PartitionCheckpoint | None:
-    path = _path(Path(state_dir), topic, partition)
-    try:
-        obj = orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
+def checkpoint_from_bytes(data: bytes) -> PartitionCheckpoint:
+    """Parse :func:`checkpoint_bytes`; a record that is not one raises ValueError."""
+    obj = orjson.loads(data)
     return PartitionCheckpoint(
         topic=obj["topic"], partition=int(obj["partition"]),
         resume_offset=int(obj["resume_offset"]), position=int(obj["position"]),

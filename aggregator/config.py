@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from aggregator.remote_write import RemoteWriteConfig
 from fleetpulse.config import ConfigError, TransportConfig
@@ -18,10 +17,8 @@ class AggregatorConfig:
     transport: TransportConfig = field(default_factory=TransportConfig)
     """How to reach Kafka (or the embedded broker)."""
     data_dir: str = "data/aggregator"
-    """Store, entity index and (by default) checkpoints live here."""
-    state_dir: str = ""
-    """Checkpoints; empty = ``<data_dir>/state``. Share it between the instances of one
-    consumer group so a partition's checkpoint follows it across a rebalance."""
+    """Store and entity index of this instance (its own: partition checkpoints travel
+    through the group's changelog topics, ``<group_id>-changelog``)."""
     listen: str = "127.0.0.1:9464"
     """host:port of the query API and /metrics (127.0.0.1 unless you mean otherwise)."""
     group_id: str = "fleetpulse-aggregator"
@@ -61,14 +58,15 @@ class AggregatorConfig:
     max_future_ms: int = 600_000
     """Samples stamped further ahead of this host's clock are counted, not rolled up (an
     agent whose clock jumped); 0 turns it off, for synthetic time run faster than real."""
+    peers: tuple[str, ...] = ()
+    """Query API base URLs (``http://host:port``) of the other instances of the group: the
+    query API then answers for the whole fleet (:mod:`aggregator.fleet_query`). This
+    instance's own address may be listed too (skipped), so every instance can share one
+    list."""
     max_samples: int = 50_000_000
     """Most series x points one selector may read; more is refused (422) before reading."""
     remote_write: RemoteWriteConfig = field(default_factory=RemoteWriteConfig)
     """Send chosen levels and tiers to a Prometheus remote-write receiver (off: no url)."""
-
-    @property
-    def state_path(self) -> Path:
-        return Path(self.state_dir) if self.state_dir else Path(self.data_dir) / "state"
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -83,5 +81,8 @@ class AggregatorConfig:
         host, _, port = self.listen.rpartition(":")
         if not host or not port.isdigit() or not 0 <= int(port) < 65536:
             raise ConfigError(f"listen must be host:port, got {self.listen!r}")
+        for peer in self.peers:
+            if not peer.startswith(("http://", "https://")):
+                raise ConfigError(f"peers are http(s):// URLs, got {peer!r}")
         if self.max_points_per_series < 1 or self.max_series < 1 or self.max_samples < 1:
             raise ConfigError("query limits must be positive")

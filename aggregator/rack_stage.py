@@ -27,7 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -107,6 +107,8 @@ class _Part:
     pending_counters: dict[str, dict[str, float]] = field(default_factory=dict)
     chain: TierChain | None = None
     """The coarse tiers' running windows; made at the first close after assignment."""
+    chain_state: list[dict[str, Any] | None] | None = None
+    """The predecessor's running coarse windows (checkpoint), until ``chain`` takes them."""
 
     @property
     def resume(self) -> int:
@@ -201,6 +203,7 @@ class RackStage:
             part.dedup = SeqDeduper.from_json(ckpt.dedup)
             part.done = dict(ckpt.downsampled)
             part.pending_counters = ckpt.counters
+            part.chain_state = ckpt.extra.get("chain")
         self.parts[partition] = part
         return part.position
 
@@ -459,6 +462,13 @@ class RackStage:
         if part.chain is None:
             part.chain = TierChain(self.store, part.done,
                                    lambda: self._flat_layout(partition))
+            if part.chain_state is not None:
+                dropped = part.chain.restore(part.chain_state, self.index)
+                part.chain_state = None
+                if dropped:
+                    log.warning("partition %d: %d series of the running coarse windows are "
+                                "not in its layout here; their 1m/1h/1d points lose the "
+                                "windows before the hand-over", partition, dropped)
         for start in due:
             part.done.setdefault("base", start)
             out.extend(self._close(partition, part, start))
@@ -573,10 +583,17 @@ class RackStage:
             topic=self.topic, partition=partition, resume_offset=part.resume,
             position=part.position, watermark=part.watermark, dedup=part.dedup.to_json(),
             counters=counters, downsampled=dict(part.done),
-            extra={"sketch_relative_accuracy": RELATIVE_ACCURACY})
+            extra={"sketch_relative_accuracy": RELATIVE_ACCURACY,
+                   "chain": (part.chain.export(self.index) if part.chain is not None
+                             else part.chain_state)})
 
     def open_windows(self) -> int:
         return sum(len(p.open) for p in self.parts.values())
+
+    def pending_close(self) -> bool:
+        """Due windows left over by a batch's close budget: ``process([])`` closes them
+        (the service calls it when no message came, so the end of the data closes too)."""
+        return bool(self._due)
 
     def catching_up(self) -> int:
         """Partitions whose coarse tiers are still reading back windows from the store (after

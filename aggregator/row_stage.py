@@ -22,20 +22,22 @@ progress is late for those windows. After the first minutes every rack is known.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from aggregator.checkpoint import PartitionCheckpoint
+from aggregator.handover import array_from_json, array_to_json, sids_from_json, sids_to_json
 from aggregator.level_writer import LevelArrays, build_groups, write_groups
 from aggregator.rack_stage import BASE_TIER, WINDOW_MS
 from aggregator.series_index import EntityIndex, EntityKey
 from aggregator.series_layout import AGG_CODES, AGG_SLOTS, ENTITY_STRIDE, KIND_OF_COLUMN, N_COLUMNS
 from aggregator.sketch import N_SLOTS
 from aggregator.store import SeriesStore
-from aggregator.tiers import derive_tiers
+from aggregator.tiers import ROLLUP_TIERS, derive_tiers
 from aggregator.window_kernel import reduce_rows
 from fleetpulse.transport.base import Message
 from schemas.catalog import Kind
@@ -45,6 +47,7 @@ from schemas.rollup import RollupFrame, decode_rollup
 __all__ = ["RowStage"]
 
 _NEG_INF: Final = -(1 << 62)
+_FAR_FUTURE: Final = 1 << 62
 _GAUGE = np.asarray([k is Kind.GAUGE for k in KIND_OF_COLUMN], bool)
 I64 = npt.NDArray[np.int64]
 
@@ -66,17 +69,54 @@ class _ParentTiers:
     sids: dict[str, set[int]] = field(default_factory=dict)
     sketch_sids: set[int] = field(default_factory=set)
 
-    def to_json(self) -> dict[str, object]:
-        return {"done": self.done, "sids": {k: sorted(v) for k, v in self.sids.items()},
-                "sketch": sorted(self.sketch_sids)}
+    def all_sids(self) -> I64:
+        both = set(self.sketch_sids).union(*self.sids.values())
+        return np.fromiter(sorted(both), np.int64, len(both))
+
+    def to_json(self, index: EntityIndex, store: SeriesStore) -> dict[str, Any]:
+        """Series by entity key (ids differ between instances) and the tail: the finer
+        points of every open coarse window, which the next owner's store does not have."""
+        return {"done": self.done,
+                "sids": {k: sids_to_json(index, np.fromiter(sorted(v), np.int64, len(v)))
+                         for k, v in self.sids.items()},
+                "sketch": sids_to_json(index, np.fromiter(sorted(self.sketch_sids), np.int64,
+                                                          len(self.sketch_sids))),
+                "tail": self._tail(index, store)}
+
+    def _tail(self, index: EntityIndex, store: SeriesStore) -> list[dict[str, Any]]:
+        base = self.done.get("base")
+        if base is None:
+            return []
+        sids = self.all_sids()
+        out = []
+        for src, dst in itertools.pairwise(ROLLUP_TIERS):
+            res = store.tiers[dst].resolution_ms
+            lo = self.done.get(dst, base - base % res)
+            data = store.read(src, sids, lo, _FAR_FUTURE)
+            if data.ts.size:
+                out.append({"tier": src, "sids": sids_to_json(index, data.series_ids),
+                            "offsets": array_to_json(data.offsets),
+                            "ts": array_to_json(data.ts), "values": array_to_json(data.values)})
+        return out
 
     @classmethod
-    def from_json(cls, obj: dict[str, object]) -> _ParentTiers:
-        sids = obj.get("sids", {})
-        assert isinstance(sids, dict)
-        return cls(dict(obj.get("done", {})),  # type: ignore[call-overload]
-                   {k: set(v) for k, v in sids.items()},
-                   set(obj.get("sketch", [])))  # type: ignore[call-overload]
+    def from_json(cls, obj: dict[str, Any], index: EntityIndex, store: SeriesStore
+                  ) -> _ParentTiers:
+        """Read :meth:`to_json` back, writing its tail into this instance's store."""
+        for tail in obj.get("tail", []):
+            sids = sids_from_json(index, tail["sids"])
+            offsets = array_from_json(tail["offsets"], np.int64)
+            ts = array_from_json(tail["ts"], np.int64)
+            values = array_from_json(tail["values"], np.float64)
+            for i in range(sids.size):
+                a, b = int(offsets[i]), int(offsets[i + 1])
+                if a < b:
+                    store.append(tail["tier"], sids[i:i + 1], ts[a:b], values[a:b, None])
+        return cls(dict(obj.get("done", {})),
+                   {k: set(sids_from_json(index, v).tolist())
+                    for k, v in obj.get("sids", {}).items()},
+                   set(sids_from_json(index, obj["sketch"]).tolist()) if "sketch" in obj
+                   else set())
 
 
 @dataclass(slots=True)
@@ -113,7 +153,7 @@ class RowStage:
         if ckpt is not None:
             part.watermark = ckpt.watermark
             part.position = ckpt.resume_offset
-            part.tiers = {(lv, cl, rw): _ParentTiers.from_json(obj)
+            part.tiers = {(lv, cl, rw): _ParentTiers.from_json(obj, self.index, self.store)
                           for lv, cl, rw, obj in ckpt.extra.get("tiers", [])}
             part.child_wm = {
                 (lv, cl, rw): dict(children)
@@ -259,8 +299,12 @@ class RowStage:
         return PartitionCheckpoint(
             topic=self.topic, partition=partition, resume_offset=part.resume,
             position=part.position, watermark=part.watermark,
-            extra={"tiers": [[*k, v.to_json()] for k, v in part.tiers.items()],
+            extra={"tiers": [[*k, v.to_json(self.index, self.store)]
+                             for k, v in part.tiers.items()],
                    "child_wm": [[*k, v] for k, v in part.child_wm.items()]})
 
     def open_windows(self) -> int:
         return sum(len(p.open) for p in self.parts.values())
+
+    def pending_close(self) -> bool:
+        return False  # closes everything due in the batch that made it due

@@ -4,7 +4,8 @@ Durability cycle (every ``commit_interval_ms``, on a rebalance's revoke, and at 
 
 1. rollups produced so far are acknowledged by the broker (awaited sends);
 2. the entity index and then the store are flushed (fsync);
-3. each owned partition's checkpoint is written (atomic rename);
+3. each owned partition's checkpoint is written to the group's changelog topic and
+   acknowledged (:mod:`fleetpulse.changelog`; instances share nothing but the broker);
 4. the partitions' resume offsets are committed to Kafka.
 
 A kill -9 anywhere in between leaves a committed offset no newer than the durable data and
@@ -30,7 +31,7 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -42,9 +43,10 @@ from prometheus_client.registry import Collector
 
 from aggregator.attribution_stage import AttributionStage
 from aggregator.attribution_table import AttributionTable
-from aggregator.checkpoint import PartitionCheckpoint, load_checkpoint, save_checkpoint
+from aggregator.checkpoint import PartitionCheckpoint, checkpoint_bytes, checkpoint_from_bytes
 from aggregator.config import AggregatorConfig
 from aggregator.disk_health import DiskHealth
+from aggregator.fleet_query import FleetEngine, Peer, add_peer_routes
 from aggregator.http_api import add_query_routes, build_query_app
 from aggregator.http_errors import JsonErrorRunner
 from aggregator.query_engine import QueryEngine, QueryLimits
@@ -55,6 +57,8 @@ from aggregator.series_index import EntityIndex
 from aggregator.store import SeriesStore, StoreConfig
 from aggregator.window_kernel import warm_up
 from aggregator.workload_query import WorkloadQuery
+from fleetpulse.atomic_file import atomic_write
+from fleetpulse.changelog import Changelog, ChangelogError
 from fleetpulse.transport import (
     Consumer,
     Message,
@@ -78,21 +82,48 @@ class _Stage(Protocol):
     def process(self, msgs: list[Message]) -> tuple[list[tuple[Message, str]], list[Any]]: ...
     def checkpoint(self, partition: int) -> PartitionCheckpoint: ...
     def open_windows(self) -> int: ...
+    def pending_close(self) -> bool: ...
+
+
+class _FolderStates:
+    """Partition checkpoints in a folder, for a consumer group private to one instance (the
+    same three calls as :class:`fleetpulse.changelog.Changelog`)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def _path(self, tp: TopicPartition) -> Path:
+        return self.folder / f"{tp[0]}-{int(tp[1])}.ckpt"
+
+    async def ensure(self) -> None:
+        await asyncio.to_thread(self.folder.mkdir, parents=True, exist_ok=True)
+
+    async def load(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, bytes]:
+        paths = {tp: self._path(tp) for tp in tps}
+        return {tp: path.read_bytes() for tp, path in paths.items() if path.exists()}
+
+    async def save(self, states: Mapping[TopicPartition, bytes]) -> None:
+        for tp, data in states.items():
+            await asyncio.to_thread(atomic_write, self._path(tp), data)
 
 
 class _Loop:
     """One consumer feeding one stage, with its rebalance listener."""
 
     def __init__(self, service: AggregatorService, stage: _Stage, topic: str, group: str,
-                 state_dir: Path | None = None, name: str = "") -> None:
+                 partitions: int, state_dir: Path | None = None, name: str = "") -> None:
         self.service = service
         self.name = name or ("rack" if stage is service.rack else "row")
         """The ``stage`` label of its /metrics."""
-        self.state_dir = state_dir or service.state_dir
-        """Where this loop's partition checkpoints live (shared by the group, or private)."""
         self.stage = stage
         self.topic = topic
         self.group = group
+        self.changelog: Changelog | _FolderStates = (
+            _FolderStates(state_dir) if state_dir is not None
+            else Changelog(service.transport, f"{group}-changelog", partitions))
+        """Where its partitions' checkpoints live: the group's changelog topic, or, for a
+        group that is this instance's alone (the workload loops), a folder beside its data,
+        so that the state is lost with the data it describes and replayed with it."""
         self.consumer: Consumer | None = None
         self.lag = 0
         self.owned: set[int] = set()
@@ -128,12 +159,21 @@ class _Loop:
         is avoided on purpose: the callback may run while the consumer is still starting.
         """
         mine = sorted(p for t, p in assigned if t == self.topic)
-        await self.service.in_store(self._assign, mine)
+        try:
+            states = await self.changelog.load((self.topic, p) for p in mine)
+        except ChangelogError as exc:
+            # Replaying without the state would double count or drop windows: stop, loudly.
+            log.error("partition state unusable, stopping: %s", exc)
+            self.service.failed = True
+            self.service.stop()
+            return
+        await self.service.in_store(self._assign, mine, states)
         self.owned.update(mine)
 
-    def _assign(self, partitions: list[int]) -> None:
+    def _assign(self, partitions: list[int], states: dict[TopicPartition, bytes]) -> None:
         for p in partitions:
-            self.stage.assign(p, load_checkpoint(self.state_dir, self.topic, p))
+            data = states.get((self.topic, p))
+            self.stage.assign(p, checkpoint_from_bytes(data) if data is not None else None)
 
 
 class AggregatorService:
@@ -144,7 +184,6 @@ class AggregatorService:
         self.topics = Topics(cfg.transport.topic_prefix)
         data = Path(cfg.data_dir)
         data.mkdir(parents=True, exist_ok=True)
-        self.state_dir = cfg.state_path
         self.store = SeriesStore(StoreConfig(path=str(data / "store"), fsync=cfg.fsync))
         self.index = EntityIndex(data / "entities.jsonl")
         self.transport = transport or open_transport(cfg.transport)
@@ -165,9 +204,17 @@ class AggregatorService:
             cfg.max_points_per_series, cfg.max_series, cfg.lookback_ms, cfg.max_samples),
             now_fn=self.data_time,
             workloads=WorkloadQuery(self.table, self.store, self.index, cfg.max_series))
-        self.loops = [_Loop(self, self.rack, self.topics.samples, cfg.group_id)]
+        own = f"http://{cfg.host_port[0]}:{cfg.host_port[1]}"
+        self.peers = [Peer(url, cfg.bearer_token) for url in dict.fromkeys(cfg.peers)
+                      if url.rstrip("/") != own]
+        self.fleet: FleetEngine | None = None
+        """The query API's engine when peers are configured: answers for every instance."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.loops = [_Loop(self, self.rack, self.topics.samples, cfg.group_id,
+                            cfg.samples_partitions)]
         if cfg.row_stage:
-            self.loops.append(_Loop(self, self.row, self.topics.rollups, f"{cfg.group_id}-rows"))
+            self.loops.append(_Loop(self, self.row, self.topics.rollups, f"{cfg.group_id}-rows",
+                                    cfg.rollups_partitions))
         if cfg.workloads:
             # Every instance reads the whole events topic (a group of its own, named after its
             # data directory, checkpointed beside its store): a job's GPUs may sit on any
@@ -177,7 +224,7 @@ class AggregatorService:
                                        (self.alert_counts, self.topics.alerts,
                                         "workload-alerts")):
                 self.loops.append(_Loop(self, stage, topic, f"{cfg.group_id}-{name}-{key}",
-                                        data / "workloads-state", name))
+                                        cfg.samples_partitions, data / "workloads-state", name))
         self.dead_letters = 0
         self.disk = DiskHealth()
         self.rollups_published = 0
@@ -206,10 +253,16 @@ class AggregatorService:
                 self.topics.alerts: self.cfg.samples_partitions} if self.cfg.workloads else {}),
         })
         for loop in self.loops:
+            await loop.changelog.ensure()
             loop.consumer = self.transport.consumer([loop.topic], loop.group, listener=loop)
+        self._loop = asyncio.get_running_loop()
+        if self.peers:
+            self.fleet = FleetEngine(self.store, self.index, self.engine.limits, self.peers,
+                                     self._in_store_blocking, now_fn=self.data_time)
         if serve_http:
-            app = build_query_app(self.engine, bearer_token=self.cfg.bearer_token,
-                                  run=self.in_store)
+            app = build_query_app(self.fleet or self.engine, bearer_token=self.cfg.bearer_token,
+                                  run=self._query_runner())
+            add_peer_routes(app, self.index, self.store, self.in_store)
             self.mount_metrics(app)
             self._runner = JsonErrorRunner(app, access_log=None)
             await self._runner.setup()
@@ -222,6 +275,22 @@ class AggregatorService:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _query_runner(self) -> Callable[[Callable[[], Any]], Any]:
+        """Where the query API's engine calls run: the store thread for this instance's
+        engine; a worker thread for the fleet engine, which waits on peers and reaches this
+        store through :meth:`_in_store_blocking`."""
+        if self.fleet is None:
+            return self.in_store
+
+        async def in_worker(fn: Callable[[], Any]) -> Any:
+            return await asyncio.to_thread(fn)
+        return in_worker
+
+    def _in_store_blocking(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the store thread, called from another thread (the fleet engine's)."""
+        assert self._loop is not None
+        return asyncio.run_coroutine_threadsafe(self.in_store(fn), self._loop).result()
 
     async def in_store(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the store thread (module docstring), awaited.
@@ -278,6 +347,8 @@ class AggregatorService:
             await self._runner.cleanup()
             self._runner = None
         await self.transport.close()
+        if self.fleet is not None:
+            self.fleet.close()
         await self.in_store(self.index.close)
         await self.in_store(self.table.close)
         await self.in_store(self.store.close)
@@ -291,7 +362,10 @@ class AggregatorService:
         interval = self.cfg.commit_interval_ms / 1000.0
         while not self._stop.is_set():
             msgs = await loop.consumer.getmany(timeout_ms=200, max_records=self.cfg.max_batch)
-            if msgs:
+            if any(m.partition not in loop.owned for m in msgs):
+                # Only partitions whose state was restored (a failed restore leaves some out).
+                msgs = [m for m in msgs if m.partition in loop.owned]
+            if msgs or loop.stage.pending_close():
                 await self.handle(loop, msgs)
             if time.monotonic() - last >= interval:
                 await self.durable(loop, set(loop.owned))
@@ -336,27 +410,30 @@ class AggregatorService:
         # holding a batch) can have revoked some, and their state is gone from the stage.
         # A revocation after this point is queued on the store thread behind this cycle.
         parts = sorted(p for p in wanted if p in loop.owned)
-        offsets = await self.in_store(self._flush_and_checkpoint, loop,
-                                      parts if loop.consumer is not None else [])
+        offsets, states = await self.in_store(self._flush_and_checkpoint, loop,
+                                              parts if loop.consumer is not None else [])
         if offsets and loop.consumer is not None:
+            await loop.changelog.save(states)
             await loop.consumer.commit_checkpointed(offsets)
 
     def _flush_and_checkpoint(self, loop: _Loop, parts: list[int]
-                              ) -> dict[TopicPartition, int]:
-        """(Store thread) steps 2 and 3: index and store durable, then the checkpoints.
+                              ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, bytes]]:
+        """(Store thread) step 2 and the checkpoints of step 3: index and store durable,
+        then each partition's checkpoint (resume offsets, serialised checkpoints).
 
         Nothing is checkpointed (and so nothing committed) when the disk refused the flush
         (see ``disk_health``)."""
         if not self.disk.flush(self.index, self.store, (self.table,)):
-            return {}
+            return {}, {}
         if self.remote_write is not None:
             self.remote_write.seal()  # what is committed below is in its queue
         offsets: dict[TopicPartition, int] = {}
+        states: dict[TopicPartition, bytes] = {}
         for p in parts:
             ckpt = loop.stage.checkpoint(p)
-            save_checkpoint(loop.state_dir, ckpt)
+            states[(loop.topic, p)] = checkpoint_bytes(ckpt)
             offsets[(loop.topic, p)] = ckpt.resume_offset
-        return offsets
+        return offsets, states
 
     async def _acknowledged(self, pending: list[tuple[asyncio.Future[Any], bytes, bytes]],
                             attempts: int = 5) -> None:
@@ -431,7 +508,8 @@ class AggregatorService:
 
     def add_routes(self, app: web.Application) -> None:
         """Mount the query API and /metrics on another application (e.g. the web page's)."""
-        add_query_routes(app, self.engine, run=self.in_store)
+        add_query_routes(app, self.fleet or self.engine, run=self._query_runner())
+        add_peer_routes(app, self.index, self.store, self.in_store)
         self.mount_metrics(app)
 
 
@@ -494,6 +572,17 @@ class _Collector(Collector):
         yield GaugeMetricFamily("fleetpulse_aggregator_store_bytes",
                                 "Bytes of the store's segment files.",
                                 value=g.get("store_bytes", 0))
+        if s.fleet is not None:
+            fs = s.fleet.stats
+            yield CounterMetricFamily("fleetpulse_aggregator_fleet_queries",
+                                      "Queries answered over every instance.", value=fs.queries)
+            yield CounterMetricFamily("fleetpulse_aggregator_fleet_peer_errors",
+                                      "Peer calls of fleet queries that failed (that peer's "
+                                      "windows were left out of that answer).",
+                                      value=fs.peer_errors)
+            yield CounterMetricFamily("fleetpulse_aggregator_fleet_conflicts",
+                                      "Points two instances hold with different values.",
+                                      value=fs.conflicts)
         yield GaugeMetricFamily("fleetpulse_aggregator_entities",
                                 "GPUs, nodes, racks, rows and clusters known.",
                                 value=g.get("entities", 0))

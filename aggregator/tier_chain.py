@@ -19,8 +19,15 @@ consumer either, and the windows that close meanwhile wait, in order, until it i
 
 A coarse point is written with the same group layout as the base tier (GPU groups per rack
 and metric), so a query of one GPU over a day decodes narrow records in every tier.
-``done[tier]`` (checkpointed) is the end of the last coarse window written; a successor
-seeds from there.
+``done[tier]`` (checkpointed) is the end of the last coarse window written.
+
+Moving to another instance: instances share no store, so a successor cannot read back the
+finer windows its predecessor wrote. The running coarse windows (one per tier) travel in the
+partition's checkpoint instead (:meth:`TierChain.export`, :meth:`TierChain.restore`), and
+the successor folds on from exactly the accumulator the predecessor had: each coarse window
+is written whole, once, by whichever instance owns the partition when it completes, with
+the same bits as a run that never moved. Seeding from the local store remains for a
+checkpoint without that state (one written while seeding).
 """
 
 from __future__ import annotations
@@ -29,13 +36,15 @@ import itertools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import numba as nb
 import numpy as np
 import numpy.typing as npt
 
+from aggregator.handover import array_from_json, array_to_json, sids_from_json, sids_to_json
 from aggregator.level_writer import GroupSpec, append_groups
+from aggregator.series_index import EntityIndex
 from aggregator.series_layout import AGG_CODES, AGG_SLOTS
 from aggregator.store import SeriesStore
 from aggregator.store.downsample import REDUCERS
@@ -320,6 +329,55 @@ class TierChain:
     @property
     def seeding(self) -> bool:
         return any(t.seed is not None for t in self.tiers)
+
+    def export(self, index: EntityIndex) -> list[dict[str, Any] | None] | None:
+        """The running window of each tier, by entity key (for another instance's index);
+        None while seeding, whose partial reads are not worth carrying."""
+        if self.seeding:
+            return None
+        out: list[dict[str, Any] | None] = []
+        for t in self.tiers:
+            acc = t.cur
+            if acc is None:
+                out.append(None)
+                continue
+            have = np.flatnonzero(acc.have)
+            sk = SketchBlock.merge(acc.sketch)
+            out.append({"start": acc.start, "touched": acc.touched,
+                        "sids": sids_to_json(index, acc.layout.sids[have]),
+                        "values": array_to_json(acc.acc[have]),
+                        "sketch": sids_to_json(index, sk.sids),
+                        "slots": array_to_json(sk.slots), "counts": array_to_json(sk.counts)})
+        return out
+
+    def restore(self, state: list[dict[str, Any] | None], index: EntityIndex) -> int:
+        """Continue from :meth:`export`'s state; no tier seeds. Returns how many series of
+        the state are not in this partition's layout (dropped: a GPU that fell silent
+        before the hand-over and was not met again in the replay)."""
+        lay = self.layout()
+        order = np.argsort(lay.sids, kind="stable")
+        dropped = 0
+        for t, st in zip(self.tiers, state, strict=True):
+            t.started = True
+            if st is None:
+                continue
+            acc = _Acc(int(st["start"]), lay)
+            sids = sids_from_json(index, st["sids"])
+            values = array_from_json(st["values"], np.float64)
+            at = np.minimum(np.searchsorted(lay.sids, sids, sorter=order),
+                            max(lay.sids.size - 1, 0))
+            pos = order[at] if lay.sids.size else np.zeros(0, np.int64)
+            ok = lay.sids[pos] == sids if lay.sids.size else np.zeros(sids.size, bool)
+            dropped += int(np.count_nonzero(~ok))
+            acc.acc[pos[ok]] = values[ok]
+            acc.have[pos[ok]] = True
+            acc.touched = bool(st["touched"])
+            sketch = SketchBlock(sids_from_json(index, st["sketch"]),
+                                 array_from_json(st["slots"], np.int64),
+                                 array_from_json(st["counts"], np.float64))
+            acc.sketch = [sketch] if sketch.sids.size else []
+            t.cur = acc
+        return dropped
 
     def work(self, deadline: float) -> None:
         """Advance seeding until ``deadline`` (``time.perf_counter``); at least one read."""

@@ -102,7 +102,6 @@ STAGES: dict[str, Stage] = {
                      "--bootstrap", ctx.bootstrap, "--topic-prefix", ctx.prefix,
                      "--group", f"{ctx.prefix}.aggregator",
                      "--data-dir", str(ctx.workdir / "aggregator" / f"data-{ctx.instance}"),
-                     "--state-dir", str(ctx.workdir / "aggregator" / "state"),
                      "--listen", "127.0.0.1:0"],
         group_hint="aggregator",
     ),
@@ -602,6 +601,15 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
         for i in range(args.instances):
             ictx = dataclasses.replace(ctx, instance=i)
             await spawn(_member(st.name, i), st.argv(ictx), st.env(ictx))
+    if args.instances > 1 and "aggregator" in wanted and args.check_rollups:
+        # One more aggregator, alone in its own group and data dir, over the same samples:
+        # the N instances' stores together must hold exactly what it stores. It shares the
+        # machine (counted with the other processes), not the stage's cost.
+        await spawn(REFERENCE, [sys.executable, "-m", "fleetpulse", "aggregator",
+                                "--bootstrap", bootstrap, "--topic-prefix", prefix,
+                                "--group", f"{prefix}.reference-agg", "--data-dir",
+                                str(workdir / "aggregator" / "reference"),
+                                "--listen", "127.0.0.1:0"], {})
     monitor = Monitor(bootstrap, topics.samples, args.partitions)
     await monitor.start()
     probe_stop = asyncio.Event()
@@ -717,12 +725,72 @@ async def _run(args: argparse.Namespace, bootstrap: str, workdir: Path,
         peaks = [rss_peak[n] for n in _members(st.name, procs) if n in rss_peak]
         if peaks:
             result["per_stage"][st.name]["rss_peak_mb"] = round(max(peaks), 1)
+        for n, row in result["per_stage"][st.name].get("per_instance", {}).items():
+            row["rss_peak_mb"] = round(rss_peak[n], 1) if n in rss_peak else None
+    if REFERENCE in procs:
+        result["rollups_vs_one_instance"] = compare_rollups(
+            [workdir / "aggregator" / f"data-{i}" for i in range(args.instances)],
+            workdir / "aggregator" / "reference")
     if "fleet" in rss_peak:
         result["fleet"]["rss_peak_mb"] = round(rss_peak["fleet"], 1)
     for name, t in died_at.items():
         stage = name.split("#")[0]
         result["per_stage"][stage].setdefault("died_at_s", {})[name] = t
     return result
+
+
+REFERENCE = "reference-aggregator"
+CHECK_TIERS = ("raw", "10s", "1m")
+
+
+def _series_digests(data_dirs: list[Path], tiers: tuple[str, ...]) -> dict[tuple[Any, ...], str]:
+    """Per stored series (by entity labels, metric, aggregate, tier: ids differ between
+    instances) a digest of its points, the points of every store in ``data_dirs`` merged
+    (one per timestamp; two stores holding one window hold the same bits)."""
+    import hashlib
+
+    from aggregator.series_index import EntityIndex
+    from aggregator.series_layout import split_series_id
+    from aggregator.store import SeriesStore, StoreConfig
+
+    points: dict[tuple[Any, ...], list[tuple[np.ndarray, np.ndarray]]] = {}
+    for d in data_dirs:
+        store = SeriesStore(StoreConfig(path=str(d / "store"), fsync=False))
+        index = EntityIndex(d / "entities.jsonl")
+        try:
+            for tier in tiers:
+                sids = np.sort(store.series_ids(tier))
+                r = store.read(tier, sids, 0, 1 << 62)
+                for i, sid in enumerate(r.series_ids.tolist()):
+                    eid, metric, agg = split_series_id(sid)
+                    ts, vals = r.series(i)
+                    if ts.size:
+                        points.setdefault((tier, index.keys[eid], metric, agg), []).append(
+                            (ts, vals))
+        finally:
+            index.close()
+            store.close()
+    out = {}
+    for key, parts in points.items():
+        ts = np.concatenate([p[0] for p in parts])
+        vals = np.concatenate([p[1] for p in parts])
+        order = np.argsort(ts, kind="stable")
+        ts, vals = ts[order], vals[order]
+        keep = np.ones(ts.size, bool)
+        keep[1:] = ts[1:] != ts[:-1]
+        out[key] = hashlib.sha1(ts[keep].tobytes() + vals[keep].tobytes()).hexdigest()
+    return out
+
+
+def compare_rollups(instance_dirs: list[Path], reference_dir: Path) -> dict[str, Any]:
+    """Whether the instances' stores together equal the single reference instance's."""
+    got = _series_digests(instance_dirs, CHECK_TIERS)
+    want = _series_digests([reference_dir], CHECK_TIERS)
+    differ = [k for k in want.keys() & got.keys() if got[k] != want[k]]
+    return {"tiers": list(CHECK_TIERS), "series": len(want), "equal": got == want,
+            "missing": len(want.keys() - got.keys()), "extra": len(got.keys() - want.keys()),
+            "differ": len(differ),
+            "differ_examples": [repr(k) for k in sorted(differ, key=repr)[:3]]}
 
 
 def _drained(monitor: Monitor, scraper: CounterScraper, ends: float, t_end: float,
@@ -855,6 +923,12 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
                 row["metrics_per_s"] = row["consumed_metrics_per_s"]
                 row["cpu_s_per_million"] = cost(st.name, row["metrics_per_s"])
         left = [line for n in members for line in errs[n] if _LEFT_GROUP.search(line)]
+        if len(members) > 1:  # what each instance cost over the whole load
+            row["per_instance"] = {
+                n: {"cpu_s": round(cpu_end.get(n, 0.0) - cpu0.get(n, 0.0), 2),
+                    "cores": round((cpu_end.get(n, 0.0) - cpu0.get(n, 0.0)) / window, 3),
+                    "rss_peak_mb": None}
+                for n in members}
         row["left_group"] = bool(left)
         if left:
             row["left_group_lines"] = left[:5]
@@ -997,6 +1071,9 @@ def main(argv: list[str] | None = None) -> int:
                         "level 9, ~10x the CPU per byte on this data)")
     p.add_argument("--instances", type=int, default=1,
                    help="processes per stage, all in the stage's consumer group")
+    p.add_argument("--check-rollups", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --instances > 1: also run one reference aggregator and check "
+                        "that the instances' stores together hold exactly its rollups")
     p.add_argument("--ticks-per-frame", type=int, default=5)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--settle", type=float, default=5.0,

@@ -1,10 +1,11 @@
 """Checkpoints of a shard: models, thresholds, rules, open alerts and the consumed offset.
 
-One file per samples partition (``samples-<p>.ckpt``) in the state directory, written to a
-temporary name, fsynced and renamed, so a crash leaves either the old or the new file,
-never a torn one. State and offset are saved together: on restart the shard is restored and
-the partition is read again from exactly the saved offset, so what the models learn after
-a crash equals what they would have learned without it.
+One per samples partition, kept in the detector group's changelog topic
+(:mod:`fleetpulse.changelog`: chunked, checksummed, the newest one kept by compaction), so
+it follows the partition to whichever instance owns it next. State and offset are saved
+together: the shard is restored and the partition read again from exactly the saved
+offset, so what the models learn after a crash or a rebalance equals what they would have
+learned without it.
 
 Format: an ``.npz`` (``allow_pickle=False``) holding
 
@@ -20,9 +21,7 @@ Format: an ``.npz`` (``allow_pickle=False``) holding
 from __future__ import annotations
 
 import io
-import os
 import zipfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,16 +30,14 @@ import orjson
 
 from detector.engines import ForestEngine
 from detector.shard import DetectorShard
+from fleetpulse.atomic_file import atomic_write
 from schemas.errors import DecodeError
 from schemas.records import AlertRecord
 
 __all__ = [
     "CheckpointError",
     "atomic_write",
-    "checkpoint_path",
-    "load_shard",
     "restore_shard",
-    "save_shard",
     "shard_bytes",
 ]
 
@@ -51,11 +48,7 @@ FORMAT_VERSION = 4
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint file exists but cannot be used (corrupt, other version or engine)."""
-
-
-def checkpoint_path(state_dir: Path, partition: int) -> Path:
-    return state_dir / f"samples-{int(partition)}.ckpt"
+    """A checkpoint exists but cannot be used (corrupt, other version or engine)."""
 
 
 def _blobs(engine: ForestEngine, n: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
@@ -113,30 +106,6 @@ def shard_bytes(shard: DetectorShard, offsets: dict[str, int]) -> bytes:
     return buf.getvalue()
 
 
-def save_shard(state_dir: Path, partition: int, shard: DetectorShard,
-               offsets: dict[str, int]) -> Path:
-    """Write the checkpoint of one partition atomically; returns its path."""
-    path = checkpoint_path(state_dir, partition)
-    atomic_write(path, shard_bytes(shard, offsets))
-    return path
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that a crash leaves the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def restore_shard(shard: DetectorShard, data: bytes) -> dict[str, int]:
     """Load checkpoint ``data`` into a fresh ``shard``; returns the saved offsets."""
     try:
@@ -190,13 +159,3 @@ def restore_shard(shard: DetectorShard, data: bytes) -> dict[str, int]:
             raise CheckpointError(f"open alert in checkpoint: {exc}") from exc
         shard.open_alerts[(rec.entity, rec.source)] = rec
     return {str(k): int(v) for k, v in meta["offsets"].items()}
-
-
-def load_shard(state_dir: Path, partition: int, shard: DetectorShard) -> dict[str, int] | None:
-    """Restore ``shard`` from its partition's checkpoint; None when there is none."""
-    path = checkpoint_path(state_dir, partition)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    return restore_shard(shard, data)

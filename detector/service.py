@@ -3,6 +3,8 @@
 One :class:`~detector.shard.DetectorShard` per assigned samples partition and one
 :class:`~detector.event_rules.EventShard` per events partition. The rebalance listener
 loads a partition's checkpoint when it is assigned and writes one when it is revoked;
+checkpoints live in the group's compacted changelog topic (``<group_id>-changelog``, see
+:mod:`fleetpulse.changelog`), so a partition's state follows it to any instance;
 checkpoints are also written every ``checkpoint_interval_s`` and at shutdown, each with the
 offset its state covers, and only then are those offsets committed to Kafka (the committed
 offset is the lag gauge; the checkpoint's own offset is the truth, so a message below it is
@@ -40,13 +42,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from detector.checkpoint import (
-    CheckpointError,
-    atomic_write,
-    checkpoint_path,
-    load_shard,
-    shard_bytes,
-)
+from detector.checkpoint import CheckpointError, atomic_write, restore_shard, shard_bytes
 from detector.config import DetectorConfig
 from detector.event_rules import EventShard
 from detector.features import GATHERED, gather, group_median
@@ -56,6 +52,7 @@ from detector.shard import DetectorShard, TickBlock, alert_id
 from detector.silence import SilenceWatch
 from detector.webhook import AlertmanagerWebhook
 from detector.workloads import WorkloadMap, tag_alerts
+from fleetpulse.changelog import Changelog, ChangelogError
 from fleetpulse.transport import (
     Consumer,
     Message,
@@ -217,6 +214,8 @@ class DetectorService:
         self.engine = engine
         self.topics = Topics(config.transport.topic_prefix)
         self.state_dir = Path(config.state_dir)
+        """This instance's own files (the open lag alert); partition state is in Kafka."""
+        self.changelog = Changelog(transport, f"{config.group_id}-changelog", config.partitions)
         self.shards: dict[int, DetectorShard] = {}
         self.event_shards: dict[int, EventShard] = {}
         self.workload_maps: dict[int, WorkloadMap] = {}
@@ -271,6 +270,7 @@ class DetectorService:
         t = self.topics
         await self.transport.ensure_topics({t.samples: cfg.partitions, t.events: cfg.partitions,
                                             t.alerts: cfg.partitions, t.deadletter: 1})
+        await self.changelog.ensure()
         self._alert_partitions = await self.transport.partitions_for(t.alerts)
         await asyncio.to_thread(warm_up, cfg, self.engine)
         self._lag_alert = await asyncio.to_thread(self._load_lag_alert)
@@ -313,13 +313,24 @@ class DetectorService:
 
     async def on_assigned(self, assigned: frozenset[TopicPartition]) -> None:
         alert_from: dict[int, int] = {}
+        new = [(t, p) for t, p in assigned
+               if (t == self.topics.samples and p not in self.shards)
+               or (t == self.topics.events and p not in self.event_shards)]
+        keys = new + [self._workloads_key(p) for t, p in new if t == self.topics.events]
+        try:
+            states = await self.changelog.load(keys)
+        except ChangelogError as exc:
+            log.error("changelog unusable (%s); starting %s afresh", exc, sorted(new))
+            states = {}
         for tp in sorted(assigned):
             topic, p = tp
+            data = states.get(tp)
             if topic == self.topics.samples and p not in self.shards:
                 shard = DetectorShard(self.config, self.engine)
                 try:
                     # In a thread: restoring many models takes seconds (heartbeats go on).
-                    offsets = await asyncio.to_thread(load_shard, self.state_dir, p, shard)
+                    offsets = (await asyncio.to_thread(restore_shard, shard, data)
+                               if data is not None else None)
                 except CheckpointError as exc:
                     log.error("partition %d: %s; starting its models afresh", p, exc)
                     shard, offsets = DetectorShard(self.config, self.engine), None
@@ -339,15 +350,15 @@ class DetectorService:
                              len(shard.gpu_paths), offsets["samples"])
             elif topic == self.topics.events and p not in self.event_shards:
                 es = EventShard(self.config.rules.event_hold_s)
-                path = self.state_dir / f"events-{p}.ckpt"
-                if path.exists():
+                if data is not None:
                     try:
-                        self.next_offset[tp] = es.load(path.read_bytes())
+                        self.next_offset[tp] = es.load(data)
                     except (ValueError, KeyError, DecodeError) as exc:
                         log.error("events partition %d checkpoint unusable: %s", p, exc)
                         es = EventShard(self.config.rules.event_hold_s)
                 self.event_shards[p] = es
-                self.workload_maps[p] = self._load_workloads(p)
+                self.workload_maps[p] = self._load_workloads(
+                    p, states.get(self._workloads_key(p)))
         if alert_from:
             await self._load_published(alert_from)
         if self.consumer is not None:
@@ -720,13 +731,16 @@ class DetectorService:
         async with self._shard_lock(p):
             offset = self.next_offset[(self.topics.samples, p)]
             data = await asyncio.to_thread(shard_bytes, shard, {"samples": offset, **extra})
-        await asyncio.to_thread(atomic_write, checkpoint_path(self.state_dir, p), data)
+        await self.changelog.save({(self.topics.samples, p): data})
         return offset
 
-    def _load_workloads(self, p: int) -> WorkloadMap:
-        path = self.state_dir / f"workloads-{p}.json"
+    def _workloads_key(self, p: int) -> TopicPartition:
+        """The changelog key of events partition ``p``'s workload map (it moves with it)."""
+        return (f"{self.topics.events}#workloads", p)
+
+    def _load_workloads(self, p: int, data: bytes | None) -> WorkloadMap:
         try:
-            return WorkloadMap.from_bytes(path.read_bytes()) if path.exists() else WorkloadMap()
+            return WorkloadMap.from_bytes(data) if data is not None else WorkloadMap()
         except (ValueError, KeyError, TypeError, DecodeError) as exc:
             log.error("workloads of events partition %d unusable (%s); alerts name jobs again "
                       "from their next attribution event", p, exc)
@@ -735,16 +749,16 @@ class DetectorService:
     async def _save_events(self, only: frozenset[TopicPartition] | None
                            ) -> dict[TopicPartition, int]:
         commit: dict[TopicPartition, int] = {}
+        states: dict[TopicPartition, bytes] = {}
         for p, es in list(self.event_shards.items()):
             tp = (self.topics.events, p)
             if (only is not None and tp not in only) or tp not in self.next_offset:
                 continue
-            data = es.to_bytes(self.next_offset[tp])
-            await asyncio.to_thread(atomic_write, self.state_dir / f"events-{p}.ckpt", data)
-            if p in self.workload_maps:  # written before the offset that covers it is committed
-                await asyncio.to_thread(atomic_write, self.state_dir / f"workloads-{p}.json",
-                                        self.workload_maps[p].to_bytes())
+            states[tp] = es.to_bytes(self.next_offset[tp])
+            if p in self.workload_maps:  # saved before the offset that covers it is committed
+                states[self._workloads_key(p)] = self.workload_maps[p].to_bytes()
             commit[tp] = self.next_offset[tp]
+        await self.changelog.save(states)
         return commit
 
 

@@ -59,12 +59,11 @@ def produced(kafka_bootstrap, tmp_path_factory):
 class Instance:
     """``fleetpulse aggregator`` as a real process."""
 
-    def __init__(self, tmp: Path, name: str, bootstrap: str, prefix: str, group: str,
-                 state: Path) -> None:
+    def __init__(self, tmp: Path, name: str, bootstrap: str, prefix: str, group: str) -> None:
         self.data = tmp / name
         self.log = tmp / f"{name}.log"
         self.args = [sys.executable, "-m", "fleetpulse", "aggregator", "--bootstrap", bootstrap,
-                     "--data-dir", str(self.data), "--state-dir", str(state), "--listen",
+                     "--data-dir", str(self.data), "--listen",
                      "127.0.0.1:0", "--topic-prefix", prefix, "--group", group]
         self.env = {**os.environ, "FLEETPULSE_AGGREGATOR_MAX_BATCH": "40",
                     "FLEETPULSE_AGGREGATOR_COMMIT_INTERVAL_MS": "300",
@@ -170,7 +169,7 @@ def dump(data_dirs: list[Path], tiers=("raw", "10s")) -> dict[tuple, bytes]:
 def reference(produced, tmp_path_factory):
     bootstrap, prefix, _ = produced
     tmp = tmp_path_factory.mktemp("ref")
-    inst = Instance(tmp, "ref", bootstrap, prefix, f"{prefix}-ref", tmp / "state")
+    inst = Instance(tmp, "ref", bootstrap, prefix, f"{prefix}-ref")
     inst.start()
     try:
         wait_drained([inst])
@@ -198,7 +197,7 @@ def _levels(d: dict) -> set[str]:
 
 def test_kill9_under_load_then_restart_gives_identical_rollups(produced, reference, tmp_path):
     bootstrap, prefix, n_frames = produced
-    inst = Instance(tmp_path, "crash", bootstrap, prefix, f"{prefix}-crash", tmp_path / "state")
+    inst = Instance(tmp_path, "crash", bootstrap, prefix, f"{prefix}-crash")
     inst.start()
     deadline = time.monotonic() + 180
     while inst.frames() < n_frames / 3:
@@ -218,10 +217,9 @@ def test_kill9_under_load_then_restart_gives_identical_rollups(produced, referen
 
 def test_two_instances_across_a_rebalance_equal_one(produced, reference, tmp_path):
     bootstrap, prefix, n_frames = produced
-    state = tmp_path / "shared-state"
-    group = f"{prefix}-pair"
-    a = Instance(tmp_path, "a", bootstrap, prefix, group, state)
-    b = Instance(tmp_path, "b", bootstrap, prefix, group, state)
+    group = f"{prefix}-pair"  # no shared folder: partition state moves through Kafka
+    a = Instance(tmp_path, "a", bootstrap, prefix, group)
+    b = Instance(tmp_path, "b", bootstrap, prefix, group)
     a.start()
     try:
         deadline = time.monotonic() + 180

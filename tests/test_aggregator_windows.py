@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from test_aggregator_support import ENERGY, POWER, PSTATE, T0, TEMP, make_fleet, open_store
 
-from aggregator.checkpoint import load_checkpoint, save_checkpoint
+from aggregator.checkpoint import (
+    PartitionCheckpoint,
+    checkpoint_bytes,
+    checkpoint_from_bytes,
+)
 from aggregator.rack_stage import RackStage
 from aggregator.series_index import EntityIndex
 from aggregator.series_layout import series_ids
@@ -16,6 +22,17 @@ from schemas.rollup import decode_rollup, encode_rollup
 
 LATE = 5000
 _OPEN: list = []
+
+def save_checkpoint(state: Path, ckpt: PartitionCheckpoint) -> None:
+    """What the changelog holds for a partition, kept as a file for these in-process runs."""
+    state.mkdir(parents=True, exist_ok=True)
+    (state / f"{ckpt.topic}-{ckpt.partition}").write_bytes(checkpoint_bytes(ckpt))
+
+
+def load_checkpoint(state: Path, topic: str, partition: int) -> PartitionCheckpoint | None:
+    path = state / f"{topic}-{partition}"
+    return checkpoint_from_bytes(path.read_bytes()) if path.exists() else None
+
 
 
 @pytest.fixture(autouse=True)

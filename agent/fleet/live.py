@@ -19,7 +19,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -37,8 +37,10 @@ from agent.fleet.topology import Topology
 from agent.publisher import AgentSequence, Publisher, new_agent_id
 from fleetpulse.transport import (
     Consumer,
+    Message,
     RebalanceListener,
     RecordMeta,
+    TopicPartition,
     Transport,
     open_transport,
 )
@@ -73,13 +75,16 @@ class AckTimer(Transport):
     async def close(self) -> None:
         await self.inner.close()
 
-    async def ensure_topics(self, topics: Mapping[str, int]) -> None:
-        await self.inner.ensure_topics(topics)
+    async def ensure_topics(self, topics: Mapping[str, int], *,
+                            compacted: Collection[str] = ()) -> None:
+        await self.inner.ensure_topics(topics, compacted=compacted)
 
     async def send(self, topic: str, value: bytes, *, key: bytes | None = None,
-                   headers: Sequence[tuple[str, bytes]] = ()) -> asyncio.Future[RecordMeta]:
+                   headers: Sequence[tuple[str, bytes]] = (),
+                   partition: int | None = None) -> asyncio.Future[RecordMeta]:
         t0 = time.perf_counter()
-        fut = await self.inner.send(topic, value, key=key, headers=headers)
+        fut = await self.inner.send(topic, value, key=key, headers=headers,
+                                     partition=partition)
 
         def done(f: asyncio.Future[RecordMeta]) -> None:
             if not f.cancelled() and f.exception() is None:
@@ -94,6 +99,9 @@ class AckTimer(Transport):
 
     async def partitions_for(self, topic: str) -> int:
         return await self.inner.partitions_for(topic)
+
+    async def read_log(self, tps: Iterable[TopicPartition]) -> list[Message]:
+        return await self.inner.read_log(tps)
 
     def consumer(self, topics: Sequence[str], group_id: str, *,
                  listener: RebalanceListener | None = None,

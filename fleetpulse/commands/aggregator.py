@@ -38,7 +38,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, help="TOML file (see config/aggregator.toml)")
     p.add_argument("--bootstrap", help="override transport.bootstrap")
     p.add_argument("--data-dir", help="override data_dir")
-    p.add_argument("--state-dir", help="override state_dir (share it within a consumer group)")
     p.add_argument("--listen", help="override listen (host:port of the query API)")
     p.add_argument("--group", help="override group_id")
     p.add_argument("--topic-prefix", help="override transport.topic_prefix")
@@ -58,8 +57,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     transport = transport_overrides(bootstrap=args.bootstrap, topic_prefix=args.topic_prefix)
     if transport:
         out["transport"] = transport
-    for key, value in (("data_dir", args.data_dir), ("state_dir", args.state_dir),
-                       ("listen", args.listen), ("group_id", args.group)):
+    for key, value in (("data_dir", args.data_dir), ("listen", args.listen),
+                       ("group_id", args.group)):
         if value:
             out[key] = value
     if args.no_row_stage:

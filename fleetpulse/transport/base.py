@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -152,8 +152,12 @@ class Transport(ABC):
         """Flush pending sends, then release connections."""
 
     @abstractmethod
-    async def ensure_topics(self, topics: Mapping[str, int]) -> None:
-        """Create missing topics with the given partition counts (existing ones are kept)."""
+    async def ensure_topics(self, topics: Mapping[str, int], *,
+                            compacted: Collection[str] = ()) -> None:
+        """Create missing topics with the given partition counts (existing ones are kept).
+
+        Topics named in ``compacted`` are created with ``cleanup.policy=compact``: the
+        broker keeps at least the newest record of every key (state changelogs)."""
 
     @abstractmethod
     async def send(
@@ -163,11 +167,14 @@ class Transport(ABC):
         *,
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        partition: int | None = None,
     ) -> asyncio.Future[RecordMeta]:
         """Queue one record; the future resolves once the broker acknowledged it.
 
-        Awaiting ``send`` only queues (it may wait for buffer space); await the returned
-        future to know the record is durable. Failures raise TransportError.
+        ``partition`` overrides the key's partition (a changelog keeps the state of source
+        partition ``p`` in its own partition ``p``). Awaiting ``send`` only queues (it may
+        wait for buffer space); await the returned future to know the record is durable.
+        Failures raise TransportError.
         """
 
     @abstractmethod
@@ -177,6 +184,12 @@ class Transport(ABC):
     @abstractmethod
     async def partitions_for(self, topic: str) -> int:
         """Number of partitions of ``topic``."""
+
+    @abstractmethod
+    async def read_log(self, tps: Iterable[TopicPartition]) -> list[Message]:
+        """Every record of ``tps`` from the log start to the end as of this call, outside
+        any consumer group (no rebalance, nothing committed); in offset order per
+        partition. Tombstones (null values) are left out."""
 
     @abstractmethod
     def consumer(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener
@@ -73,6 +73,11 @@ RESTART_BACKOFF_S = 0.5
 """After a failed connect, sends fail at once for this long instead of reconnecting each."""
 SWEEP_INTERVAL_S = 0.1
 """How often overdue acknowledgements are failed."""
+
+COMPACTED_CONFIG = {"cleanup.policy": "compact", "segment.ms": "600000",
+                    "min.cleanable.dirty.ratio": "0.1"}
+"""Topic settings of a state changelog: only the newest record per key must survive, and
+segments roll every 10 min so the log a restore reads stays short."""
 
 LZ4_LEVEL = 1
 """aiokafka compresses lz4 at level 9: on sample frames that measured 22 MB/s against 785 MB/s
@@ -155,8 +160,15 @@ class _ListenerAdapter(ConsumerRebalanceListener):
         tps = frozenset(_tp(t) for t in assigned)
         if not tps or self._listener is None:
             return
-        await self._consumer._polling.wait()
-        await self._listener.on_assigned(tps)
+        # Before any await: aiokafka fetches for the new assignment while this callback
+        # runs, and getmany must not hand those records out before the listener has loaded
+        # the partitions' state (a restore from the changelog takes a round trip).
+        self._consumer._settled.clear()
+        try:
+            await self._consumer._polling.wait()
+            await self._listener.on_assigned(tps)
+        finally:
+            self._consumer._settled.set()
 
 
 class KafkaConsumer(Consumer):
@@ -184,6 +196,9 @@ class KafkaConsumer(Consumer):
         # Serialises the first start: a second caller (e.g. a rebalance callback calling
         # committed()) must wait for it, not start a second group member.
         self._starting = asyncio.Lock()
+        # Clear while the listener's on_assigned runs; getmany holds records back until then.
+        self._settled = asyncio.Event()
+        self._settled.set()
 
     async def _client(self) -> AIOKafkaConsumer:
         if self._stopped:
@@ -222,6 +237,10 @@ class KafkaConsumer(Consumer):
             batches = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
         except KafkaError as exc:
             raise _error(f"fetch for group {self._group_id!r} failed", exc) from exc
+        if not self._settled.is_set():
+            await self._settled.wait()
+            owned = consumer.assignment()
+            batches = {k: v for k, v in batches.items() if k in owned}
         out = [
             Message(
                 topic=r.topic,
@@ -491,7 +510,8 @@ class KafkaTransport(Transport):
             self._admin = admin
         return self._admin
 
-    async def ensure_topics(self, topics: Mapping[str, int]) -> None:
+    async def ensure_topics(self, topics: Mapping[str, int], *,
+                            compacted: Collection[str] = ()) -> None:
         if not topics:
             return
         admin = await self._admin_client()
@@ -505,7 +525,9 @@ class KafkaTransport(Transport):
                 brokers = len((await admin.describe_cluster()).get("brokers", ())) or 1
                 replicas = min(3, brokers)
                 response = await admin.create_topics(
-                    [NewTopic(name, n, replicas) for name, n in wanted.items()]
+                    [NewTopic(name, n, replicas,
+                              topic_configs=COMPACTED_CONFIG if name in compacted else None)
+                     for name, n in wanted.items()]
                 )
                 for name, code, *rest in response.topic_errors:
                     if code not in (0, TopicAlreadyExistsError.errno):
@@ -543,10 +565,12 @@ class KafkaTransport(Transport):
         *,
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        partition: int | None = None,
     ) -> asyncio.Future[RecordMeta]:
         producer = await self._current_producer()
         try:
-            sent = await producer.send(topic, value, key=key, headers=list(headers) or None)
+            sent = await producer.send(topic, value, key=key, headers=list(headers) or None,
+                                       partition=partition)
         except KafkaError as exc:
             self._needs_reset = self._needs_reset or producer is self._producer
             raise _error(f"send to {topic!r} failed", exc) from exc
@@ -596,6 +620,46 @@ class KafkaTransport(Transport):
         if not parts:
             raise TransportError(f"topic {topic!r} has no partitions", retriable=True)
         return len(parts)
+
+    async def read_log(self, tps: Iterable[TopicPartition]) -> list[Message]:
+        """A group-less consumer assigned ``tps``, read from their starts to their ends."""
+        ktps = [_ktp(tp) for tp in tps]
+        if not ktps:
+            return []
+        consumer = AIOKafkaConsumer(
+            **self.connection_options(), group_id=None, enable_auto_commit=False,
+            request_timeout_ms=self.config.request_timeout_ms,
+            max_partition_fetch_bytes=4 * MAX_REQUEST_BYTES,
+        )
+        out: list[Message] = []
+        try:
+            await consumer.start()
+            consumer.assign(ktps)
+            begins = await consumer.beginning_offsets(ktps)
+            ends = await consumer.end_offsets(ktps)
+            left = {k for k in ktps if ends[k] > begins[k]}
+            for k in ktps:
+                consumer.seek(k, begins[k])
+            deadline = asyncio.get_running_loop().time() + self._timeout_s
+            while left:
+                batches = await consumer.getmany(*left, timeout_ms=500)
+                for ktp in sorted(batches, key=_tp):
+                    out.extend(Message(r.topic, r.partition, r.offset, r.key, r.value,
+                                       r.timestamp, tuple((h, bytes(v)) for h, v in r.headers))
+                               for r in batches[ktp]
+                               if r.value is not None and r.offset < ends[ktp])
+                for k in list(left):
+                    if await consumer.position(k) >= ends[k]:
+                        left.discard(k)
+                if left and asyncio.get_running_loop().time() > deadline:
+                    raise TransportError(f"reading {sorted(_tp(k) for k in left)} did not "
+                                         f"reach their ends in time")
+        except KafkaError as exc:
+            raise _error(f"reading {sorted(_tp(k) for k in ktps)} failed", exc) from exc
+        finally:
+            await _quietly(consumer.stop())
+        out.sort(key=lambda m: (m.topic, m.partition, m.offset))
+        return out
 
     def consumer(
         self,

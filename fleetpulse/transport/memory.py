@@ -22,10 +22,11 @@ publish too.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from aiokafka.partitioner import murmur2
@@ -67,10 +68,20 @@ class _Partition:
     start: int = 0
     """Offset of records[0]; grows when retention drops old records."""
     bytes: int = 0
+    compacted: bool = False
+    """Retention by key, as ``cleanup.policy=compact``: the newest record of every key stays
+    (offsets then have gaps, so ``next_offset`` is kept apart from the list)."""
+    next_offset: int = 0
 
     @property
     def end(self) -> int:
-        return self.start + len(self.records)
+        return self.next_offset if self.compacted else self.start + len(self.records)
+
+    def index_of(self, offset: int) -> int:
+        """Position in ``records`` of the first record at or after ``offset``."""
+        if not self.compacted:
+            return max(offset, self.start) - self.start
+        return bisect.bisect_left(self.records, offset, key=lambda m: m.offset)
 
 
 @dataclass(slots=True)
@@ -111,14 +122,15 @@ class MemoryBroker:
         self._round_robin = itertools.count()
 
     # -- topics ----------------------------------------------------------------------
-    def create_topic(self, topic: str, partitions: int) -> None:
+    def create_topic(self, topic: str, partitions: int, *, compacted: bool = False) -> None:
         if partitions < 1:
             raise ValueError(f"topic {topic!r} needs at least one partition")
         with self._lock:
             # Like Kafka's CreateTopics: an existing topic keeps its partitions (adding some
             # would move keys to other partitions).
             if topic not in self._topics:
-                self._topics[topic] = [_Partition() for _ in range(partitions)]
+                self._topics[topic] = [_Partition(compacted=compacted)
+                                       for _ in range(partitions)]
 
     def partitions(self, topic: str) -> int:
         with self._lock:
@@ -132,17 +144,27 @@ class MemoryBroker:
         value: bytes,
         key: bytes | None,
         headers: tuple[tuple[str, bytes], ...],
+        partition: int | None = None,
     ) -> RecordMeta:
         n = self.partitions(topic)
-        index = partition_for_key(key, n) if key is not None else next(self._round_robin) % n
+        if partition is not None:
+            if not 0 <= partition < n:
+                raise TransportError(f"{topic!r} has no partition {partition}", retriable=False)
+            index = partition
+        else:
+            index = partition_for_key(key, n) if key is not None else next(self._round_robin) % n
         with self._lock:
             part = self._topics[topic][index]
             offset = part.end
             part.records.append(
                 Message(topic, index, offset, key, value, int(time.time() * 1000), headers)
             )
+            part.next_offset = offset + 1
             part.bytes += len(value) + (len(key) if key else 0)
-            self._enforce_retention(part)
+            if part.compacted:
+                self._compact(part)
+            else:
+                self._enforce_retention(part)
         self._wake()
         return RecordMeta(topic, index, offset)
 
@@ -156,13 +178,28 @@ class MemoryBroker:
             del part.records[:drop]
             part.start += drop
 
+    def _compact(self, part: _Partition) -> None:
+        """Keep the newest record per key once the log is mostly superseded records."""
+        if part.bytes < 1 << 20 or len(part.records) < 64:
+            return
+        newest: dict[bytes | None, int] = {}
+        for i, rec in enumerate(part.records):
+            newest[rec.key] = i
+        if len(newest) * 2 > len(part.records):
+            return
+        part.records = [part.records[i] for i in sorted(newest.values())]
+        part.bytes = sum(len(r.value) + len(r.key or b"") for r in part.records)
+        part.start = part.records[0].offset
+
     def read(self, tp: TopicPartition, offset: int, limit: int) -> tuple[list[Message], int]:
         """Up to ``limit`` records from ``offset``; returns them and the next position."""
         with self._lock:
             part = self._topics[tp[0]][tp[1]]
             offset = max(offset, part.start)
-            lo = offset - part.start
+            lo = part.index_of(offset)
             out = part.records[lo : lo + limit]
+            if part.compacted:
+                return out, (out[-1].offset + 1 if len(out) == limit else part.end)
             return out, offset + len(out)
 
     def bounds(self, tp: TopicPartition) -> tuple[int, int]:
@@ -409,9 +446,10 @@ class MemoryTransport(Transport):
             await consumer.stop()
         self._closed = True
 
-    async def ensure_topics(self, topics: Mapping[str, int]) -> None:
+    async def ensure_topics(self, topics: Mapping[str, int], *,
+                            compacted: Collection[str] = ()) -> None:
         for topic, partitions in topics.items():
-            self.broker.create_topic(topic, partitions)
+            self.broker.create_topic(topic, partitions, compacted=topic in compacted)
 
     async def send(
         self,
@@ -420,10 +458,11 @@ class MemoryTransport(Transport):
         *,
         key: bytes | None = None,
         headers: Sequence[tuple[str, bytes]] = (),
+        partition: int | None = None,
     ) -> asyncio.Future[RecordMeta]:
         if self._closed:
             raise TransportError("transport is closed", retriable=False)
-        meta = self.broker.append(topic, bytes(value), key, tuple(headers))
+        meta = self.broker.append(topic, bytes(value), key, tuple(headers), partition)
         fut: asyncio.Future[RecordMeta] = asyncio.get_running_loop().create_future()
         fut.set_result(meta)
         return fut
@@ -433,6 +472,17 @@ class MemoryTransport(Transport):
 
     async def partitions_for(self, topic: str) -> int:
         return self.broker.partitions(topic)
+
+    async def read_log(self, tps: Iterable[TopicPartition]) -> list[Message]:
+        out: list[Message] = []
+        for tp in sorted(tps):
+            pos, end = self.broker.bounds(tp)
+            while pos < end:
+                records, pos = self.broker.read(tp, pos, 10_000)
+                out.extend(r for r in records if r.offset < end)
+                if not records:
+                    break
+        return out
 
     def consumer(
         self,
