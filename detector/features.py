@@ -61,6 +61,7 @@ __all__ = [
     "RuleContext",
     "gather",
     "group_median",
+    "node_median",
 ]
 
 
@@ -202,7 +203,7 @@ def group_median(
                          np.ascontiguousarray(groups, dtype=np.int64))
 
 
-def _node_median(values: npt.NDArray[np.float64], inv: npt.NDArray[np.intp]
+def node_median(values: npt.NDArray[np.float64], inv: npt.NDArray[np.intp]
                  ) -> npt.NDArray[np.float64]:
     """``group_median`` for groups in any order (the rules see ticks in time order)."""
     order = np.argsort(inv, kind="stable")
@@ -273,7 +274,7 @@ class FeatureState:
         """
         resid = self.last_resid[ids]
         _, inv = np.unique(node_groups, return_inverse=True)
-        peers = _node_median(resid, inv)
+        peers = node_median(resid, inv)
         finite = np.bincount(inv, weights=np.isfinite(resid).astype(np.float64))
         reading = np.bincount(inv, weights=np.isfinite(row[:, COL["temperature_celsius"]])
                               .astype(np.float64))
@@ -292,7 +293,7 @@ class FeatureState:
         clock = row[:, COL["sm_clock_hertz"]]
         busy_clock = np.where(np.isfinite(util) & (util >= 0.5), clock, np.nan)
         busy = np.bincount(inv, weights=np.isfinite(busy_clock).astype(np.float64))
-        ref = np.where(busy[inv] >= 3, _node_median(busy_clock, inv),
+        ref = np.where(busy[inv] >= 3, node_median(busy_clock, inv),
                        np.where(self.max_clock[ids] > 0, self.max_clock[ids], np.nan))
         band, dwell = self.thermal.power_bin(ids)
         return RuleContext(self.last_pred[ids], self.last_cand[ids], self.last_plaus[ids],

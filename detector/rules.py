@@ -80,7 +80,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from detector.features import COL, THROTTLE_SW_THERMAL, RuleContext, _node_median
+from detector.features import COL, THROTTLE_SW_THERMAL, RuleContext, node_median
 from detector.thermal_model import DWELL_BINS, TAUS_S
 from schemas.records import Severity
 
@@ -184,7 +184,7 @@ def _peer_median(values: npt.NDArray[np.float64], node: npt.NDArray[np.intp],
     """Each GPU's node peers' median of ``values`` (itself included) over the GPUs where ``has``,
     NaN with fewer than three of them on the node (two GPUs cannot outvote each other)."""
     v = np.where(has, values, np.nan)
-    med = _node_median(v, node)
+    med = node_median(v, node)
     count = np.bincount(node, weights=has.astype(np.float64))[node]
     return np.where(count >= 3, med, np.nan)
 
