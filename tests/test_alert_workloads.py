@@ -101,7 +101,9 @@ async def test_detector_alert_carries_the_job_to_the_topic_and_alertmanager(
     assert held["gpu-3"]["job"] == "J9" and held["gpu-3"]["namespace"] == "ml"
     assert "job" not in held["gpu-5"]
     assert service.stats.deadletter == {topics.events: 1}  # the bad attribution
-    assert any((tmp_path / "state" / f"workloads-{p}.json").exists() for p in range(2))
+    # The workload map moves with its events partition: saved in the changelog beside it.
+    saved = await service.changelog.load([service._workloads_key(p) for p in range(2)])
+    assert any(WorkloadMap.from_bytes(v).at(f"{IDENT.path}/gpu-3", t0) for v in saved.values())
     # alerts tail --job: only that job's alerts (and their incidents)
     out = io.StringIO()
     args = argparse.Namespace(config=None, bootstrap=f"memory://{name}", prefix=None,

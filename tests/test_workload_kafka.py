@@ -166,8 +166,7 @@ def test_kill9_then_restart_gives_identical_job_rollups(produced_jobs, tmp_path)
     assert sorted(alerts) == [0.0, 1.0]  # J1's one alert; J2 none
     assert sums and all(np.isfinite(s).any() for s in sums)
 
-    crash = Instance(tmp_path, "crash", bootstrap, prefix, f"{prefix}-crash",
-                     tmp_path / "crash-state")
+    crash = Instance(tmp_path, "crash", bootstrap, prefix, f"{prefix}-crash")
     crash.start()
     deadline = time.monotonic() + 180
     while crash.frames() < n_frames / 3:
