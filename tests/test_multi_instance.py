@@ -10,6 +10,13 @@ rejoin. Then every point of every tier of every series, read through one instanc
 fleet-wide query API (which reads every instance's store), must equal what a single
 undisturbed aggregator stored over the same samples, and no alert transition may have
 been announced twice.
+
+Then the same through a real Prometheus (Debian's, :mod:`prometheus`) with one
+``remote_read`` entry per aggregator instance: each instance answers only from its own
+store, Prometheus merges the series of equal labels, and every raw sample of every GPU and
+every 10 s window of every aggregate of every rack, of a gauge and a counter over the whole
+run, must equal the undisturbed instance's, bit for bit (a raw sample at its own time,
+which the query API shows at the end of its 1 s step).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from prometheus import Prometheus, config, needs_prometheus
 from test_detector_support import frame, healthy
 
 from aggregator.config import AggregatorConfig
@@ -226,6 +234,13 @@ async def _settled_now(ports: list[int], live: list[int]) -> bool:
     return await asyncio.to_thread(_settled, ports, live)
 
 
+def _owns_all(svc: AggregatorService) -> bool:
+    """The reference owns every partition of its rack and row stages (its workload loops,
+    in groups of their own, are not what the comparison is about)."""
+    owned = {lp.name: len(lp.owned) for lp in svc.loops}
+    return owned.get("rack") == PARTITIONS and owned.get("row") == 3
+
+
 async def _alerts(transport: Transport, topics: Topics) -> list[AlertRecord]:
     consumer = transport.consumer([topics.alerts], f"check-{uuid.uuid4().hex}")
     out: list[AlertRecord] = []
@@ -258,14 +273,18 @@ async def _until(pred: Any, procs: list[Proc], timeout_s: float, what: str) -> N
         await asyncio.sleep(0.3)
 
 
+def _span(step: int) -> tuple[int, int]:
+    """[start, end] in ms of the whole run on a grid of ``step``."""
+    return (START_MS - START_MS % step) + step, START_MS + STEPS * 1000 + step + 20_000
+
+
 def _every_point(query: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], list[Any]]:
     """Every point of every tier: one range query per tier at its own resolution, so each
     output point is exactly one stored window (or raw sample)."""
     out = {}
     for name, tier, step in [*((t, t, r) for t, r in TIERS.items()),
                              *((f"{t}/{s // 1000}s", t, s) for t, s in STRADDLING.items())]:
-        start = (START_MS - START_MS % step) + step
-        end = START_MS + STEPS * 1000 + step + 20_000
+        start, end = _span(step)
         data = query({"query": '{__name__=~"fleetpulse_.+", agg=~".+"}',
                       "start": str(start / 1000), "end": str(end / 1000),
                       "step": str(step / 1000), "resolution": tier})
@@ -275,6 +294,67 @@ def _every_point(query: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], li
     return out
 
 
+THROUGH_PROMETHEUS = ("fleetpulse_gpu_temperature_celsius",
+                      "fleetpulse_gpu_ecc_sbe_volatile_total")
+"""Also read through Prometheus: a gauge (its rack windows have quantile sketches) and a
+counter (``increase``)."""
+PROM_MATCHERS = {"raw": 'agg="raw"', "10s": 'level="rack", agg=~".+"'}
+"""tier -> what Prometheus reads of it: every GPU's raw samples (``agg="raw"`` asks an
+instance for its raw tier) and every aggregate of every rack in the 10 s tier (a range
+selector of about 200 s, by Prometheus' read hints, asks for the coarsest tier of at most a
+fifth of it)."""
+EARLIER = {"raw": TIERS["raw"], "10s": 0}
+"""tier -> ms by which a remote-read sample is stamped before the query API's point of
+the same value: a query step's point at t reduces the stored points in [t - step, t), so
+at 1 s steps the raw sample at t - 1 s is shown at t; a window's stamp is the same in both."""
+
+Points = dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[int, str]]]
+
+
+def _exact(values: list[Any], earlier: int = 0) -> list[tuple[int, str]]:
+    """[[seconds, "value"], ...] of either API as (ms - ``earlier``, repr of the float):
+    equal only for equal timestamps and equal values (NaN included)."""
+    return [(round(float(t) * 1000) - earlier, repr(float(v))) for t, v in values]
+
+
+async def _through_prometheus(tmp: Path, ports: list[int]) -> Points:
+    """The chosen series over the whole run, read by a real Prometheus with one
+    ``remote_read`` entry per aggregator instance (each answers from its own store only;
+    Prometheus merges the series of equal labels). A range selector at the run's end
+    returns the stored points themselves, at their own times, with no lookback filling.
+    The range starts half a step before the first point, so a range closed or open at its
+    start (Prometheus 2 or 3) selects the same points."""
+    prom = Prometheus(tmp / "prom", config([f"http://127.0.0.1:{p}/api/v1/read"
+                                            for p in ports]))
+    await prom.start()
+    out: Points = {}
+    try:
+        for tier, matchers in PROM_MATCHERS.items():
+            start, end = (t - EARLIER[tier] for t in _span(TIERS[tier]))
+            for metric in THROUGH_PROMETHEUS:
+                data = await prom.api(
+                    "/api/v1/query", query=f'{metric}{{{matchers}}}'
+                    f"[{end - start + TIERS[tier] // 2}ms]", time=repr(end / 1000))
+                assert data["resultType"] == "matrix", data
+                for s in data["result"]:
+                    out[(tier, tuple(sorted(s["metric"].items())))] = _exact(s["values"])
+    finally:
+        prom.stop()
+    return out
+
+
+def _chosen(points: dict[tuple[str, tuple[tuple[str, str], ...]], list[Any]]) -> Points:
+    """The reference's points of the series :func:`_through_prometheus` reads."""
+    out: Points = {}
+    for (name, labels), values in points.items():
+        lab = dict(labels)
+        if (name in PROM_MATCHERS and lab["__name__"] in THROUGH_PROMETHEUS
+                and (lab["agg"] == "raw" if name == "raw" else lab["level"] == "rack")):
+            out[(name, labels)] = _exact(values, EARLIER[name])
+    return out
+
+
+@needs_prometheus
 async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_instance(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     bootstrap = kafka_bootstrap
@@ -307,7 +387,7 @@ async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_insta
 
         async def all_joined() -> bool:
             return (await _settled_now(ports, [0, 1, 2])
-                    and [len(lp.owned) for lp in ref_svc.loops] == [PARTITIONS, 3])
+                    and _owns_all(ref_svc))
         await _until(all_joined, everyone, 150, "every aggregator to join")
         await _produce(transport, [hit, ref], 0, 80)
 
@@ -338,7 +418,7 @@ async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_insta
         await _until(rejoined, everyone, 150, "the killed instances to rejoin")
 
         async def ref_done() -> bool:
-            return ([len(lp.owned) for lp in ref_svc.loops] == [PARTITIONS, 3]
+            return (_owns_all(ref_svc)
                     and await ref_svc.behind() == 0 and ref_svc.rack.stats.frames > 0)
         await _until(ref_done, everyone, 60, "the reference to drain")
         await asyncio.sleep(1.0)  # one more durable cycle everywhere
@@ -349,6 +429,9 @@ async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_insta
         ref_port = ref_svc.port
         want = await asyncio.to_thread(_every_point, lambda q: _get(ref_port,
                                                                    "/api/v1/query_range", q))
+        prom_s = time.monotonic()
+        prom_got = await _through_prometheus(tmp_path, ports)
+        prom_s = time.monotonic() - prom_s
         fleet_metrics = _metrics(ports[0])
         alerts = await _alerts(transport, hit)
     finally:
@@ -368,6 +451,18 @@ async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_insta
     assert got.keys() == want.keys(), (len(got), len(want), sorted(want.keys() - got.keys())[:3])
     bad = [k for k in want if got[k] != want[k]]
     assert not bad, (len(bad), bad[:2], got[bad[0]][:4], want[bad[0]][:4])
+    prom_want = _chosen(want)
+    prom_points = Counter({tier: 0 for tier in PROM_MATCHERS})
+    for (tier, _), values in prom_want.items():
+        prom_points[tier] += len(values)
+    print("through prometheus, points per tier:", dict(prom_points), "series:", len(prom_want),
+          f"in {prom_s:.1f} s")
+    racks = {dict(k)["rack"] for _, k in prom_want}
+    assert all(n > 0 for n in prom_points.values()) and len(racks) == RACKS, prom_points
+    assert prom_got.keys() == prom_want.keys(), (
+        len(prom_got), len(prom_want), sorted(prom_want.keys() ^ prom_got.keys())[:3])
+    bad = [k for k in prom_want if prom_got[k] != prom_want[k]]
+    assert not bad, (len(bad), bad[:2], prom_got[bad[0]][:4], prom_want[bad[0]][:4])
     assert fleet_metrics["fleetpulse_aggregator_fleet_conflicts_total"] == 0
     transitions = Counter((a.id, a.state.value) for a in alerts if a.source != LAG_SOURCE)
     assert max(transitions.values()) == 1, transitions.most_common(3)
