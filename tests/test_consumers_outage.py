@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from kafka_broker import KafkaBroker
 from test_aggregator_support import stored_points
-from test_detector_support import frame, healthy, timestamps
+from test_detector_support import frame, healthy, read_alerts, timestamps
 
 from aggregator.series_index import EntityIndex
 from aggregator.store import SeriesStore, StoreConfig
@@ -38,7 +38,7 @@ from detector.service import LAG_SOURCE
 from fleetpulse.config import TransportConfig
 from fleetpulse.transport import Transport, TransportError, open_transport
 from schemas.frame import encode_frame
-from schemas.records import AlertRecord, decode_alerts_topic
+from schemas.records import AlertRecord
 from schemas.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -202,18 +202,7 @@ class Drained:
 
 
 async def _alerts(transport: Transport, topics: Topics) -> list[AlertRecord]:
-    consumer = transport.consumer([topics.alerts], f"check-{uuid.uuid4().hex}")
-    out: list[AlertRecord] = []
-    try:
-        for _ in range(8):
-            batch = await consumer.getmany(timeout_ms=800)
-            out.extend(a for m in batch
-                       if isinstance(a := decode_alerts_topic(m.value), AlertRecord))
-            if not batch and out:
-                break
-    finally:
-        await consumer.stop()
-    return out
+    return await read_alerts(transport, topics, rounds=8, timeout_ms=800)
 
 
 def _transitions(alerts: list[AlertRecord]) -> Counter[tuple[str, str, str, str, int]]:

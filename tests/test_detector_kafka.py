@@ -8,20 +8,19 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_detector_support import frame, healthy, small_config, timestamps
+from test_detector_support import frame, healthy, read_alerts, small_config, timestamps
 
 from detector.features import COL
 from detector.service import DetectorService
 from fleetpulse.config import TransportConfig
 from fleetpulse.transport import Transport, open_transport
 from schemas.frame import encode_frame
-from schemas.records import AlertRecord, AlertState, decode_alerts_topic
+from schemas.records import AlertRecord, AlertState
 from schemas.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -51,18 +50,7 @@ async def _produce(transport: Transport, topics: Topics, upto: int, start: int,
 
 
 async def _alerts(transport: Transport, topics: Topics) -> list[AlertRecord]:
-    consumer = transport.consumer([topics.alerts], f"check-{uuid.uuid4().hex}")
-    out: list[AlertRecord] = []
-    try:
-        for _ in range(6):
-            batch = await consumer.getmany(timeout_ms=1000)
-            out.extend(a for m in batch
-                       if isinstance(a := decode_alerts_topic(m.value), AlertRecord))
-            if not batch and out:
-                break
-    finally:
-        await consumer.stop()
-    return out
+    return await read_alerts(transport, topics, rounds=6, timeout_ms=1000)
 
 
 def _start(config: Path, log: Path) -> subprocess.Popen[bytes]:

@@ -7,14 +7,19 @@ deliberately plainer than ``agent.fleet`` so a test can say exactly what it inje
 
 from __future__ import annotations
 
+import uuid
+
 import numpy as np
 import numpy.typing as npt
 
 from detector.config import AlertConfig, DetectorConfig, ModelConfig, RackModelConfig
 from detector.features import COL, GATHERED
+from fleetpulse.transport import Transport
 from schemas.catalog import BY_NAME
 from schemas.frame import SampleFrame
 from schemas.identity import NodeIdentity
+from schemas.records import AlertRecord, decode_alerts_topic
+from schemas.topics import Topics
 
 T0_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -72,3 +77,21 @@ def frame(node: str, rack: str, ts: npt.NDArray[np.int64], values: npt.NDArray[n
         metric_ids=GATHERED_IDS, gpus=np.arange(g, dtype=np.int32),
         uuids=tuple(f"GPU-{node}-{i}" for i in range(g)), ts=np.asarray(ts, dtype=np.int64),
         values=np.ascontiguousarray(values))
+
+
+async def read_alerts(transport: Transport, topics: Topics, *, rounds: int = 6,
+                      timeout_ms: int = 1000) -> list[AlertRecord]:
+    """Every alert record on the alerts topic so far, read by a fresh consumer group (it
+    stops at the first empty batch once it has read some, after at most ``rounds`` polls)."""
+    consumer = transport.consumer([topics.alerts], f"check-{uuid.uuid4().hex}")
+    out: list[AlertRecord] = []
+    try:
+        for _ in range(rounds):
+            batch = await consumer.getmany(timeout_ms=timeout_ms)
+            out.extend(a for m in batch
+                       if isinstance(a := decode_alerts_topic(m.value), AlertRecord))
+            if not batch and out:
+                break
+    finally:
+        await consumer.stop()
+    return out

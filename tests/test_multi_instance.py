@@ -39,7 +39,7 @@ import numpy as np
 import orjson
 import pytest
 from prometheus import Prometheus, config, needs_prometheus
-from test_detector_support import frame, healthy
+from test_detector_support import frame, healthy, read_alerts
 
 from aggregator.config import AggregatorConfig
 from aggregator.service import AggregatorService
@@ -48,7 +48,7 @@ from detector.service import LAG_SOURCE
 from fleetpulse.config import TransportConfig
 from fleetpulse.transport import Transport, open_transport
 from schemas.frame import encode_frame
-from schemas.records import AlertRecord, decode_alerts_topic
+from schemas.records import AlertRecord
 from schemas.topics import Topics
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -242,18 +242,7 @@ def _owns_all(svc: AggregatorService) -> bool:
 
 
 async def _alerts(transport: Transport, topics: Topics) -> list[AlertRecord]:
-    consumer = transport.consumer([topics.alerts], f"check-{uuid.uuid4().hex}")
-    out: list[AlertRecord] = []
-    try:
-        for _ in range(6):
-            batch = await consumer.getmany(timeout_ms=700)
-            out.extend(a for m in batch
-                       if isinstance(a := decode_alerts_topic(m.value), AlertRecord))
-            if not batch and out:
-                break
-    finally:
-        await consumer.stop()
-    return out
+    return await read_alerts(transport, topics, rounds=6, timeout_ms=700)
 
 
 def _xid_racks(alerts: list[AlertRecord]) -> set[int]:
