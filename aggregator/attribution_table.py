@@ -33,6 +33,7 @@ from pathlib import Path
 
 import orjson
 
+from aggregator.jsonl_log import read_records
 from aggregator.store import StoreWriteError
 from aggregator.store.series_store import _write_whole
 from schemas.attribution import Attachment
@@ -86,26 +87,13 @@ class AttributionTable:
 
     def _load(self) -> None:
         assert self._path is not None
-        data = self._path.read_bytes()
-        good = 0
-        for line in data.split(b"\n"):
-            if not line:
-                good += 1
-                continue
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                break
+        for rec in read_records(self._path):
             if "xid" in rec:
                 self._xid(rec["gpu"], rec["ts"], rec["xid"])
             elif "alert" in rec:
                 self._alert(rec["gpu"], rec["alert"], rec["ts"])
             else:
                 self._attach(rec["gpu"], rec["workload"], rec["labels"], rec["from"], rec["to"])
-            good += len(line) + 1
-        if good < len(data):
-            with open(self._path, "r+b") as fh:
-                fh.truncate(good)
 
     # ----------------------------------------------------------------- folding
     def observe(self, rec: EventRecord) -> bool:

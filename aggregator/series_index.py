@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from aggregator.jsonl_log import read_records
 from aggregator.series_layout import LEVELS, METRIC_SLOTS
 
 __all__ = ["ENTITY_LABELS", "EntityIndex", "EntityKey", "Matcher"]
@@ -85,16 +86,7 @@ class EntityIndex:
     # ----------------------------------------------------------------- building
     def _load(self) -> None:
         assert self._path is not None
-        data = self._path.read_bytes()
-        good = 0
-        for line in data.split(b"\n"):
-            if not line:
-                good += 1
-                continue
-            try:
-                rec = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                break  # a torn tail: everything after it was never flushed
+        for rec in read_records(self._path):
             if "metrics" in rec:
                 self.metrics[rec["id"], rec["metrics"]] = True
             else:
@@ -102,10 +94,6 @@ class EntityIndex:
                 self._insert(key)
                 if self._ids[key] != rec["id"]:
                     raise ValueError(f"{self._path}: entity ids out of order at {rec['id']}")
-            good += len(line) + 1
-        if good < len(data):
-            with open(self._path, "r+b") as fh:
-                fh.truncate(good)
 
     def _insert(self, key: EntityKey) -> int:
         eid = len(self.keys)
