@@ -380,9 +380,8 @@ class RuleBook:
         self.excess_kplaus[ids] = kplaus
         kplaus = np.where(kplaus.any(axis=1, keepdims=True), kplaus, ctx.plausible)
         lag_excess = np.where(kplaus, ctx.lag_excess_c, np.nan)
+        # Every lag's excess is given exactly where the chosen lag's is (``finite``).
         excess = np.where(finite, np.fmin.reduce(lag_excess, axis=1), np.nan)
-        excess = np.where(np.isfinite(excess), excess, ctx.excess_c)
-        finite = np.isfinite(excess)
         bar = np.maximum(p.excess_c, 4.0 * self.excess_err[ids])
         hot = finite & (excess >= bar)
         since = self.excess_since_ms[ids]
