@@ -246,6 +246,13 @@ class DetectorService:
         """Next offset to accept into a batch (messages below it were read already)."""
         self._busy: set[int] = set()
         """Partitions whose shard a background checkpoint is serialising."""
+        self._owned: set[TopicPartition] = set()
+        """Partitions assigned to this member now (kept by the rebalance listener): a
+        message fetched before its partition was revoked is dropped, never processed."""
+        self._drain_lock = asyncio.Lock()
+        """Held by a drain for its whole run. The loop's drain awaits threads, and a
+        revocation (aiokafka calls the listener from its own task) drains too: one at a time,
+        a revoked partition's frames are all processed before its checkpoint, and none after."""
         self._shard_locks: dict[int, asyncio.Lock] = {}
         """Per samples partition: held while its shard is processed or serialised (both run
         in threads), so the two never overlap."""
@@ -312,6 +319,7 @@ class DetectorService:
     # -- rebalance listener -------------------------------------------------------------
 
     async def on_assigned(self, assigned: frozenset[TopicPartition]) -> None:
+        self._owned.update(assigned)
         alert_from: dict[int, int] = {}
         new = [(t, p) for t, p in assigned
                if (t == self.topics.samples and p not in self.shards)
@@ -372,6 +380,7 @@ class DetectorService:
         await self._checkpoint_settled()
         await self._publish(await self._drain(force=True, only=revoked))
         await self.checkpoint_all(only=revoked)
+        self._owned.difference_update(revoked)
         for topic, p in revoked:
             self._read_offset.pop((topic, p), None)
             if topic == self.topics.samples:
@@ -419,6 +428,8 @@ class DetectorService:
         """Take one message: a sample frame joins its partition's batch, an event is
         processed at once."""
         tp = msg.tp
+        if tp not in self._owned:
+            return []  # fetched before a revocation: the new owner reads it
         if msg.offset < max(self.next_offset.get(tp, 0), self._read_offset.get(tp, 0)):
             return []  # covered by the restored checkpoint, or read already
         self._read_offset[tp] = msg.offset + 1
@@ -460,6 +471,11 @@ class DetectorService:
                      only: frozenset[TopicPartition] | None = None) -> list[AlertRecord]:
         """Process the batches that are due (full, waited ``batch_wait_s``, or ``force``),
         ``batch_frames`` frames at a time, yielding to the event loop after each."""
+        async with self._drain_lock:
+            return await self._drain_locked(force, only)
+
+    async def _drain_locked(self, force: bool,
+                            only: frozenset[TopicPartition] | None) -> list[AlertRecord]:
         cfg = self.config
         out: list[AlertRecord] = []
         now = time.monotonic()
