@@ -23,6 +23,9 @@ step in one call, as one shard. Measured:
 - point FPR: the fraction of GPU-steps after the cold start, outside every labelled fault
   of the GPU's rack (with grace), on which an alert covering that GPU is open;
 - median detection delay over the faults found;
+- all of these over the *pages*, the alerts of severity warning or critical; ``info``
+  alerts (the forests' by default, ``alerts.model_severity``) page nobody and are counted
+  apart as signals per 1000 GPU-days;
 - speed: GPU-updates per CPU-second of the whole detector path (features, forest, rules),
   single-threaded, so per core; bytes per GPU model as the engine reports it.
 
@@ -59,7 +62,7 @@ from detector.config import DetectorConfig
 from detector.features import gather
 from detector.shard import DetectorShard
 from schemas.catalog import BY_NAME
-from schemas.records import AlertRecord, AlertState
+from schemas.records import AlertRecord, AlertState, Severity
 
 RESULTS = Path(__file__).parent / "results" / "detection.json"
 GRACE_S = 60.0
@@ -147,6 +150,11 @@ def peer_speed(fleet: Fleet, config: DetectorConfig, engine: str, gpus: int = 16
             "updates_per_s": round(g * (t - 20) / cpu, 1),
             "bytes_per_model": int(np.mean([shard.gpu_bank.engine.model_bytes(i)
                                             for i in range(g)]))}
+
+
+def pages(alerts: list[AlertRecord]) -> list[AlertRecord]:
+    """The alerts that page someone: every severity but ``info`` (a signal)."""
+    return [a for a in alerts if a.severity is not Severity.INFO]
 
 
 def episodes_from_alerts(fleet: Fleet, alerts: list[AlertRecord]) -> list[Episode]:
@@ -322,8 +330,13 @@ def run_methods(fleet: Fleet, config: DetectorConfig, engine: str, *, seed: int,
                 dump_alerts: Path | None = None) -> dict[str, Any]:
     """The detector and the chosen baselines on one fleet, each scored by ``evaluate``."""
     alerts, cpu, per_model, shard = run_detector(fleet, config, engine)
+    paging = pages(alerts)
     cold_start_s = cold_start(config, fleet.hz)
-    det = evaluate(fleet, episodes_from_alerts(fleet, alerts), cold_start_s)
+    det = evaluate(fleet, episodes_from_alerts(fleet, paging), cold_start_s)
+    signals = evaluate(fleet, episodes_from_alerts(
+        fleet, [a for a in alerts if a.severity is Severity.INFO]), cold_start_s)
+    det["signals"] = {k: signals[k] for k in ("false_incidents",
+                                              "false_incidents_per_1000_gpu_days")}
     if dump_alerts:
         with dump_alerts.open("w") as fh:
             for a in alerts:
@@ -353,7 +366,7 @@ def run_methods(fleet: Fleet, config: DetectorConfig, engine: str, *, seed: int,
                               cold_start_s)
     if "random" in baselines:
         out["random"] = evaluate(fleet, episodes_from_alerts(
-            fleet, random_baseline(fleet, alerts, seed)), cold_start_s)
+            fleet, random_baseline(fleet, paging, seed)), cold_start_s)
     if "hst" in baselines and hst_gpus > 0:
         subset = hst_subset(fleet, hst_gpus, seed)
         hst_alerts, hst_cpu = hst_baseline(fleet, subset, config)
@@ -361,7 +374,7 @@ def run_methods(fleet: Fleet, config: DetectorConfig, engine: str, *, seed: int,
         hst["gpus"] = len(subset)
         hst["updates_per_s"] = round(len(subset) * fleet.steps / max(hst_cpu, 1e-9), 1)
         out["hst"] = hst
-        out["detector_on_hst_subset"] = evaluate(fleet, episodes_from_alerts(fleet, alerts),
+        out["detector_on_hst_subset"] = evaluate(fleet, episodes_from_alerts(fleet, paging),
                                                  cold_start_s, subset)
     out["_shard"] = shard
     return out

@@ -130,6 +130,13 @@ class AlertConfig:
     set apart from its node's median utilisation or power. 1.0 turns the veto off."""
     node_window_s: float = 30.0
     """How close together a node's anomalies must be to count as one shared change."""
+    model_severity: str = "info"
+    """Severity of the forests' alerts (GPU and rack): ``info`` (a signal: on the alerts
+    topic and in Alertmanager, but it opens no incident and the shipped Alertmanager config
+    pages nobody with it) or ``warning`` (pages as a rule does; critical at twice the
+    threshold). Info because on every fleet of the zoo the forests found no fault the health
+    rules did not, while every incident they raised alone was false (README, "Detection
+    benchmark"): "unlike its history" is context for an SRE, not a reason to wake one."""
 
     def episode_params(self) -> EpisodeParams:
         return EpisodeParams(self.open_after, self.open_window, self.resolve_after,
@@ -141,6 +148,9 @@ class AlertConfig:
             raise ConfigError("alerts: open_after >= 1, resolve_after >= 1, cooldown_s >= 0")
         if not 0.0 < self.node_veto <= 1.0:
             raise ConfigError(f"alerts.node_veto must be in (0, 1], got {self.node_veto}")
+        if self.model_severity not in ("info", "warning"):
+            raise ConfigError("alerts.model_severity must be 'info' or 'warning', got "
+                              f"{self.model_severity!r}")
 
 
 @dataclass(frozen=True, slots=True)

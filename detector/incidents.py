@@ -14,6 +14,9 @@ and groups them:
   event view of one XID (``rule:xid`` and ``rule:event_xid``), an ECC storm and the XIDs it
   brings, the forest's alert beside a rule's.
 
+An ``info`` alert (the forests' by default, ``alerts.model_severity``) is a signal: it joins
+an open incident it belongs to as above, and otherwise stays on its own, opening none.
+
 An incident's severity is its members' highest; its action is its root cause's for a rack
 or node (a cooling fault is fixed at the rack, whatever its GPUs' alerts suggest; of
 several alerts at the root, the one with the most disruptive action leads, so the rack heat
@@ -162,6 +165,8 @@ class Correlator:
                     break
         if inc is None:
             inc = self._root_incident(rec.entity)
+        if inc is None and rec.severity is Severity.INFO:
+            return None, self._alert_action(rec)  # a signal joins an incident, never opens one
         if inc is None:
             inc = self._new(rec, base)
             if rec.level in ("rack", "node"):

@@ -401,7 +401,7 @@ class DetectorShard:
             path = self.rack_paths[int(racks[r])]
             attrib = self._attribution(batch, int(r), RACK_FEATURES)
             out.append(self._fire(
-                path, "rack", src, Severity.WARNING,
+                path, "rack", src, self._model_severity(False),
                 "rack behaves unlike its history: " + _describe(attrib),
                 float(batch.scores[r]), float(thr[r]), int(end[r]), attrib,
                 {"window_s": self.config.rack.window_s,
@@ -440,6 +440,13 @@ class DetectorShard:
     def _model_source(self) -> str:
         return f"model:{self.engine_name}"
 
+    def _model_severity(self, far_above: bool) -> Severity:
+        """A forest alert's severity (``alerts.model_severity``): info, a signal that pages
+        nobody, unless configured to page (then critical when far above the threshold)."""
+        if self.config.alerts.model_severity == "info":
+            return Severity.INFO
+        return Severity.CRITICAL if far_above else Severity.WARNING
+
     def _attribution(self, batch: ScoreBatch, r: int, names: tuple[str, ...] | list[str]
                      ) -> tuple[Attribution, ...]:
         w = batch.attribution[r]
@@ -457,7 +464,7 @@ class DetectorShard:
                           raw: npt.NDArray[np.float64]) -> AlertRecord:
         attrib = self._attribution(batch, r, [f.metric for f in FEATURES])
         score = float(batch.scores[r])
-        severity = Severity.CRITICAL if score >= 2 * thr else Severity.WARNING
+        severity = self._model_severity(score >= 2 * thr)
         util = raw[COL["utilization_ratio"]]
         context: dict[str, Any] = {
             "uuid": self.gpu_uuid[gid],

@@ -109,6 +109,34 @@ async def test_a_cooling_fault_is_one_group_its_gpu_warnings_held_back(
         await hook.close()
 
 
+async def test_forest_signals_reach_their_own_receiver_and_hold_back_nothing(
+        am: Alertmanager) -> None:
+    t0 = int(time.time() * 1000) - 120_000
+    c = Correlator()
+    hook = AlertmanagerWebhook(am.url, timeout_s=5)
+    rack_signal = _alert(RACK, "model:numba:rack", t0, 0, Severity.INFO)
+    gpu_signal = _alert(f"{RACK}/node-1/gpu-0", "model:numba", t0, 1, Severity.INFO)
+    warning = _alert(f"{RACK}/node-2/gpu-3", "rule:clock_deficit", t0, 2)
+    try:
+        assert await _send(c, hook, [rack_signal, gpu_signal, warning])
+        signals = {rack_signal.id, gpu_signal.id}
+
+        def routed() -> dict[str, set[str]]:
+            got: dict[str, set[str]] = {}
+            for g in am.groups():
+                got.setdefault(g["receiver"]["name"], set()).update(_ids(g["alerts"]))
+            return got if got.get("signals") == signals and warning.id in got.get("sre", ())\
+                else {}
+
+        assert await _until(routed)
+        alerts = {a["annotations"]["alert_id"]: a for a in am.alerts()}
+        assert "incident" not in alerts[gpu_signal.id]["labels"]
+        # a rack signal is no rack incident: the GPU warning on its rack still notifies
+        assert alerts[warning.id]["status"]["state"] == "active", alerts[warning.id]
+    finally:
+        await hook.close()
+
+
 class _Link:
     """A TCP forwarder in front of the Alertmanager: ``cut()`` makes it unreachable (the
     network fails, Alertmanager keeps its state), ``restore()`` brings it back."""

@@ -7,9 +7,10 @@ import numpy as np
 from test_detector_support import healthy, small_config, timestamps
 
 from detector.checkpoint import CheckpointError, restore_shard, shard_bytes
+from detector.config import AlertConfig
 from detector.features import COL
 from detector.shard import DetectorShard, StepTrace
-from schemas.records import AlertRecord, AlertState
+from schemas.records import AlertRecord, AlertState, Severity
 
 RACK = "c1/row-a/rack-1"
 
@@ -42,6 +43,20 @@ def test_hot_gpu_raises_one_model_alert_naming_temperature_high() -> None:
                if a.metric.startswith("fleetpulse_gpu_temperature"))
     assert fire.context["utilization_state"] in {"busy", "idle"}
     assert "temperature_celsius" in fire.context["values"]
+    assert fire.severity is Severity.INFO  # a forest's alert is a signal unless set to page
+
+
+def test_forest_alerts_page_when_configured_to() -> None:
+    alerts_cfg = AlertConfig(open_after=3, resolve_after=20, cooldown_s=120.0,
+                             model_severity="warning")
+    shard, ids, nodes = _shard(config=small_config(alerts=alerts_cfg))
+    data = healthy(700, 8, seed=4)
+    data[450:, 3, COL["temperature_celsius"]] += 20.0
+    data[450:, 3, COL["memory_temperature_celsius"]] += 20.0
+    alerts = shard.process(ids, nodes, timestamps(700), data)
+    fired = [a for a in alerts if a.source.startswith("model:") and a.level == "gpu"
+             and a.state is AlertState.FIRING]
+    assert fired and {a.severity for a in fired} <= {Severity.WARNING, Severity.CRITICAL}
 
 
 def test_no_alert_during_cold_start_even_for_wild_data() -> None:

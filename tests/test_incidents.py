@@ -143,6 +143,26 @@ def test_the_rack_heat_rule_leads_a_rack_incident_the_rack_forest_opened() -> No
     assert (inc.cause, inc.action, len(inc.members)) == ("rack_heat", Action.CHECK_COOLING, 3)
 
 
+def test_an_info_signal_joins_an_open_incident_but_never_opens_one() -> None:
+    c = Correlator()
+    gpu = _gpu(0, 1)
+    alone = _alert(gpu, "model:numba", 0, Severity.INFO)
+    alerts, incs = c.observe([alone])
+    assert incs == [] and "incident" not in alerts[0].context
+    assert c.incident_of(alone.id) is None
+    _, incs = c.observe([_alert(RACK, "model:numba:rack", 5, Severity.INFO)])
+    assert incs == []
+    _, incs = c.observe([_resolved(alone, 30)])
+    assert incs == []
+    # beside a rule's alert on the same GPU it is part of that incident, at its severity
+    rule = _alert(gpu, "rule:thermal_excess", 100)
+    _, (inc,) = c.observe([rule])
+    later = _alert(gpu, "model:numba", 110, Severity.INFO)
+    alerts, (inc2,) = c.observe([later])
+    assert alerts[0].context["incident"] == inc.id == inc2.id
+    assert inc2.severity is Severity.WARNING and set(inc2.members) == {rule.id, later.id}
+
+
 def test_gpu_alerts_long_before_the_rack_alert_stay_apart() -> None:
     c = Correlator(window_s=60)
     old = _alert(_gpu(0, 0), "rule:thermal_slowdown", 0)
