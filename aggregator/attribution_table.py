@@ -14,34 +14,24 @@ XID events are kept too (GPU path, time, code): a job's XIDs are those of its GP
 its attachments; so are GPU alerts (from the alerts topic: id and start), a job's alerts
 being those that started on its GPUs while attached.
 
-Persistence: an append-only JSON-lines file beside the entity index, one line per new fact,
-handed to the OS at once (what survives a kill -9 of the process) and fsynced by
-:meth:`flush` in the durability cycle before the events partition's offset is committed.
-A torn last line is ignored at load, as in :mod:`aggregator.series_index`. A disk that
-refuses a write (full, read-only) loses nothing: the file is cut back to its last whole
-line, the facts wait in memory, and :meth:`flush` raises
-:class:`~aggregator.store.StoreWriteError` -- so the cycle (``aggregator.disk_health``)
-checkpoints and commits nothing -- until a retry gets them all onto the disk.
+Persistence: an append-only JSON-lines file beside the entity index
+(:class:`~aggregator.jsonl_log.JsonlAppender`), one line per new fact, handed to the OS at
+once and fsynced by :meth:`flush` in the durability cycle before the events partition's
+offset is committed. A torn last line is ignored at load; a disk that refuses a write
+loses nothing (the facts wait in memory, and the cycle checkpoints and commits nothing
+until they are on the disk).
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
-from aggregator.jsonl_log import read_records
-from aggregator.store import StoreWriteError
-from aggregator.store.series_store import _write_whole
+from aggregator.jsonl_log import JsonlAppender, read_records
 from schemas.attribution import Attachment
 from schemas.records import AlertRecord, EventKind, EventRecord
 
 __all__ = ["AttributionTable", "Span"]
-
-log = logging.getLogger("fleetpulse.aggregator")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,17 +60,12 @@ class AttributionTable:
         self.unmapped = 0
         """Attribution events without a GPU index (a MIG uuid the agent could not place)."""
         self.version = 0
-        self.write_errors = 0
-        self._fd: int | None = None
-        self._size = 0
-        self._unwritten: list[bytes] = []
-        self._dirty = False
+        self._log: JsonlAppender | None = None
         if self._path is not None:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             if self._path.exists():
                 self._load()
-            self._fd = os.open(self._path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            self._size = os.fstat(self._fd).st_size
+            self._log = JsonlAppender(self._path, "attribution table")
 
     def __len__(self) -> int:
         return len(self._ends)
@@ -161,47 +146,18 @@ class AttributionTable:
         return True
 
     def _write(self, obj: dict[str, object]) -> None:
-        if self._fd is None:
-            return
-        self._unwritten.append(orjson.dumps(obj) + b"\n")
-        try:
-            self._drain()
-        except StoreWriteError as exc:
-            self.write_errors += 1
-            if self.write_errors == 1 or self.write_errors % 1000 == 0:
-                log.error("attribution table: %s (%d facts wait in memory)", exc,
-                          len(self._unwritten))
-
-    def _drain(self) -> None:
-        """Hand every waiting line to the OS, whole, or none of them (StoreWriteError)."""
-        if self._fd is None or not self._unwritten:
-            return
-        data = b"".join(self._unwritten)
-        _write_whole(self._fd, data, self._size, self._path or Path("?"))
-        self._size += len(data)
-        self._unwritten.clear()
-        self._dirty = True
+        if self._log is not None:
+            self._log.append(obj)
 
     def flush(self) -> None:
         """Make every fact durable (the durability cycle, before offsets are committed);
         StoreWriteError while the disk refuses."""
-        if self._fd is None:
-            return
-        self._drain()
-        if self._dirty:
-            try:
-                os.fsync(self._fd)
-            except OSError as exc:
-                raise StoreWriteError(f"cannot fsync {self._path}: {exc}") from exc
-            self._dirty = False
+        if self._log is not None:
+            self._log.flush()
 
     def close(self) -> None:
-        try:
-            self.flush()
-        finally:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+        if self._log is not None:
+            self._log.close()
 
     # ----------------------------------------------------------------- reading
     def spans(self) -> list[Span]:

@@ -8,14 +8,15 @@ lets a 10,000-GPU heatmap snapshot resolve in well under a millisecond.
 
 Persistence is an append-only JSON-lines file (``entities.jsonl``): one line per new entity
 (``{"id", "level", "cluster", "row", "rack", "node", "gpu"}``) and one per growth of an
-entity's metric set (``{"id", "metrics": [...]}``). :meth:`EntityIndex.flush` fsyncs it and
-must run before the store's flush, so every id in the store resolves after a crash. A torn
-last line (kill -9 mid-write) is ignored at load.
+entity's metric set (``{"id", "metrics": [...]}``), written through
+:class:`~aggregator.jsonl_log.JsonlAppender`. :meth:`EntityIndex.flush` fsyncs it and
+must run before the store's flush, and the store writes nothing while a line waits for a
+full disk (:meth:`EntityIndex.drain` is its ``before_write``), so every id in the store
+resolves after a crash. A torn last line (kill -9 mid-write) is ignored at load.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -23,9 +24,8 @@ from typing import Final, cast
 
 import numpy as np
 import numpy.typing as npt
-import orjson
 
-from aggregator.jsonl_log import read_records
+from aggregator.jsonl_log import JsonlAppender, read_records
 from aggregator.series_layout import LEVELS, METRIC_SLOTS
 
 __all__ = ["ENTITY_LABELS", "EntityIndex", "EntityKey", "Matcher"]
@@ -71,14 +71,13 @@ class EntityIndex:
         self._value_code: list[dict[str, int]] = [{"": 0} for _ in ENTITY_LABELS]
         self._codes = np.zeros((len(ENTITY_LABELS), 1024), np.int32)
         self.metrics = np.zeros((1024, METRIC_SLOTS), bool)
-        self._dirty = False
         self._labels: dict[int, dict[str, str]] = {}
-        self._fh = None
+        self._log: JsonlAppender | None = None
         if self._path is not None:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             if self._path.exists():
                 self._load()
-            self._fh = open(self._path, "ab")  # noqa: SIM115 - lives as long as the index
+            self._log = JsonlAppender(self._path, "entity index")
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -122,9 +121,9 @@ class EntityIndex:
         if key[0] not in LEVELS:
             raise ValueError(f"unknown level {key[0]!r}")
         eid = self._insert(key)
-        rec = dict(zip(ENTITY_LABELS, key, strict=True))
-        rec["id"] = eid  # type: ignore[assignment]
-        self._write(orjson.dumps(rec))
+        rec: dict[str, object] = dict(zip(ENTITY_LABELS, key, strict=True))
+        rec["id"] = eid
+        self._write(rec)
         return eid
 
     def add_metrics(self, eids: npt.ArrayLike, metric_ids: Iterable[int]) -> None:
@@ -135,27 +134,29 @@ class EntityIndex:
             new = mids[~row[mids]]
             if new.size:
                 row[new] = True
-                self._write(orjson.dumps({"id": eid, "metrics": new.tolist()}))
+                self._write({"id": eid, "metrics": new.tolist()})
 
-    def _write(self, line: bytes) -> None:
+    def _write(self, rec: dict[str, object]) -> None:
         """Hand the line to the OS at once: a store write that survives a kill -9 (it is in
         the page cache too) must never refer to an id whose line did not."""
-        if self._fh is not None:
-            self._fh.write(line + b"\n")
-            self._fh.flush()
-            self._dirty = True
+        if self._log is not None:
+            self._log.append(rec)
+
+    def drain(self) -> None:
+        """Every line that waited for the disk written (StoreWriteError if it still refuses):
+        the store calls it before each write, so no record refers to an unwritten id."""
+        if self._log is not None:
+            self._log.drain()
 
     def flush(self) -> None:
         """fsync what was added; call before the store's flush."""
-        if self._fh is not None and self._dirty:
-            os.fsync(self._fh.fileno())
-            self._dirty = False
+        if self._log is not None:
+            self._log.flush()
 
     def close(self) -> None:
-        self.flush()
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     # ----------------------------------------------------------------- querying
     def label_values(self, label: str) -> list[str]:

@@ -186,6 +186,7 @@ class AggregatorService:
         data.mkdir(parents=True, exist_ok=True)
         self.store = SeriesStore(StoreConfig(path=str(data / "store"), fsync=cfg.fsync))
         self.index = EntityIndex(data / "entities.jsonl")
+        self.store.before_write = self.index.drain
         self.transport = transport or open_transport(cfg.transport)
         self.rack = RackStage(self.store, self.index, topic=self.topics.samples,
                               lateness_ms=cfg.lateness_ms, raw=cfg.raw,

@@ -152,6 +152,47 @@ def test_store_on_a_full_disk_tears_nothing_loses_nothing_and_resumes(small_disk
         reopened.close()
 
 
+def test_entity_index_on_a_full_disk_keeps_its_lines_and_the_store_waits_for_them(
+        small_disk) -> None:
+    disk = small_disk(1 << 20)
+    index = EntityIndex(disk.path / "entities.jsonl")
+    store = SeriesStore(StoreConfig(path=str(disk.path / "store"), fsync=True))
+    store.before_write = index.drain
+    t0 = 1_767_225_600_000
+
+    def add(first: int, n: int) -> np.ndarray:
+        keys = [("gpu", "c1", "r1", "k1", f"n{g // 8}", str(g % 8)) for g in range(first,
+                                                                           first + n)]
+        eids = np.array([index.add(k) for k in keys], np.int64)  # never raises
+        index.add_metrics(eids, [1, 2])
+        store.append("raw", eids * 1000 + 1, t0 + 1000 * np.arange(5, dtype=np.int64),
+                     np.ones((5, n)))
+        return eids
+
+    add(0, 10)
+    index.flush()
+    store.flush()
+    disk.fill(keep=0)
+    eids = add(10, 50)
+    with pytest.raises(StoreWriteError):
+        index.flush()
+    with pytest.raises(StoreWriteError):
+        store.flush()
+    _segments_whole(disk.path / "store")
+    disk.release()
+    # The store's own flush writes the index's waiting lines first: a record on disk never
+    # names an entity whose line is not (a kill -9 now would find both).
+    store.flush()
+    reopened = EntityIndex(disk.path / "entities.jsonl")
+    try:
+        assert len(reopened) == 60
+        assert reopened.get(index.keys[int(eids[-1])]) == int(eids[-1])
+    finally:
+        reopened.close()
+        index.close()
+        store.close()
+
+
 @pytest.mark.kafka
 @pytest.mark.slow
 async def test_aggregator_on_a_full_disk_keeps_serving_and_catches_up(

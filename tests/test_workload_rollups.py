@@ -195,9 +195,10 @@ def test_attribution_table_is_the_same_after_a_crash_and_a_replay(tmp_path) -> N
     crashed = AttributionTable(path)
     stage = AttributionStage(crashed, topic=ETOPIC)
     stage.process(msgs[:7])
-    assert crashed._fd is not None
-    os.close(crashed._fd)  # no fsync, no close(): the process is gone
-    crashed._fd = None
+    appender = crashed._log
+    assert appender is not None and appender._fd is not None
+    os.close(appender._fd)  # no fsync, no close(): the process is gone
+    appender._fd = None
     with open(path, "ab") as fh:
         fh.write(b'{"gpu": "torn')  # and the last line was torn mid-write
     again = AttributionTable(path)

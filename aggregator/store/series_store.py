@@ -254,6 +254,10 @@ class SeriesStore:
         self._newest: dict[str, int] = {}
         """Per tier, the newest timestamp appended since open: the clock of maintain()."""
         self._maintained: dict[str, int] = {}
+        self.before_write: Callable[[], None] | None = None
+        """Called before each record is written; may raise StoreWriteError to refuse it (the
+        entity index, while a line of its own waits for the disk: see
+        :mod:`aggregator.series_index`)."""
         self.on_append: Callable[[str, I64, I64, F64], None] | None = None
         """Called with (tier, series_ids, ts, values[T, k]) after every append: how
         :mod:`aggregator.remote_write` sees each point the store takes, re-derived ones too."""
@@ -393,6 +397,8 @@ class SeriesStore:
 
     def _write(self, tier: str, spec: TierSpec, group: _HeadGroup, kind: int, a: int,
                b: int) -> None:
+        if self.before_write is not None:
+            self.before_write()
         ts = group.ts[a:b]
         blob = codec.encode_group(ts, group.values[a:b])
         rec = encode_record(kind, group.ids, b - a, int(ts.min()), int(ts.max()),
