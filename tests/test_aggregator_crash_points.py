@@ -15,7 +15,6 @@ uninterrupted run's, bit for bit (sketch bucket counts included).
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -115,11 +114,10 @@ class _Instance:
                 seg.close_writer()
         os.close(self.store._lock_fd)
         self.store._closed = True
-        fh = self.index._fh
-        if fh is not None:  # drop whatever the file object still buffers, as kill -9 would
-            os.close(fh.fileno())
-            with contextlib.suppress(OSError):
-                fh.close()
+        appender = self.index._log
+        if appender is not None and appender._fd is not None:
+            os.close(appender._fd)  # lines not yet handed to the OS are gone with the process
+            appender._fd = None
 
     def close(self) -> None:
         self.store.close()
