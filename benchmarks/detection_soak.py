@@ -1,7 +1,7 @@
 """Soak: false incidents per 1000 GPU-days on healthy fleets with normal job churn.
 
     python -m benchmarks.detection_soak [--parts N] [--gpus G] [--hours H] [--split heldout]
-        [--resume] [--out FILE]
+        [--workers W] [--resume] [--out FILE]
 
 Real GPU faults arrive at about 0.5 per 1000 GPU-days, so a detector worth paging on must
 raise less than about one false incident in that time; no short run can show it. The soak
@@ -9,7 +9,8 @@ runs the whole detector (as ``benchmarks.detection`` does) over ``parts`` health
 of ``gpus`` x ``hours``, each a profile of the chosen split (held-out by default: the draws
 no setting was chosen on), and adds up GPU-days and false incidents. 1024 GPUs x 24 h is
 1024 GPU-days: e.g. 16 parts of 256 GPUs x 6 h. Each part is written to the result file as it
-finishes, so ``--resume`` continues a soak run in pieces.
+finishes, so ``--resume`` continues a soak run in pieces; ``--workers`` runs that many parts
+at once, each in its own process.
 
 Reported: false incidents and GPU-days per part and in total, the rate per 1000 GPU-days with
 an exact Poisson 95 % upper bound, the false episodes by source (which part of the detector
@@ -20,9 +21,12 @@ speed. Not in CI: a full soak takes hours of CPU.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import functools
 import json
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,52 +57,79 @@ def main(argv: list[str] | None = None) -> int:
                         "per sample)")
     parser.add_argument("--config", type=Path, help="detector TOML")
     parser.add_argument("--engine", default=None)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="parts run in this many processes at once (one core each)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the parts already in --out and run the rest")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
-    from agent.fleet.export import generate_zoo
-    from agent.fleet.zoo import ZOO_HELDOUT_SEEDS, ZOO_TUNING_SEEDS, draw_profile
-    from fleetpulse.config import load_config
-
-    config = load_config(DetectorConfig, args.config) if args.config else DetectorConfig()
+    config = _config(args.config)
     engine = resolve_engine(args.engine, config)
-    seeds = ZOO_HELDOUT_SEEDS if args.split == "heldout" else ZOO_TUNING_SEEDS
     done: list[dict[str, Any]] = []
     if args.resume and args.out.exists():
         done = json.loads(args.out.read_text()).get("parts", [])
-    for part in range(len(done), args.parts):
-        t0 = time.perf_counter()
-        seed = seeds[part % len(seeds)]
-        prof = draw_profile(seed)
-        hz = min(prof.hz, args.max_hz)
-        # A different fleet each time a profile comes round again.
-        fleet_seed = seed + 100_000 * (part // len(seeds))
-        prof, data = generate_zoo(fleet_seed, args.gpus, args.hours * 3600.0, 0,
-                                  profile=prof, hz=hz)
-        fleet = fleet_from_data(data, f"soak part {part}: {prof.name}")
-        alerts, cpu, _, _ = run_detector(fleet, config, engine)
-        cold = cold_start(config, fleet.hz)
-        r = evaluate(fleet, episodes_from_alerts(fleet, pages(alerts)), cold)
-        info = [a for a in alerts if a.severity is Severity.INFO]
-        signals = evaluate(fleet, episodes_from_alerts(fleet, info), cold)["false_incidents"]
-        row = {"part": part, "profile": prof.name, "hz": hz, "gpus": args.gpus,
-               "hours": args.hours, "gpu_days": r["gpu_days"],
-               "false_incidents": r["false_incidents"],
-               "false_episodes_by_source": r["false_episodes_by_source"],
-               "point_fpr": r["point_fpr"],
-               "signals": signals,
-               "updates_per_s": round(fleet.gpus * fleet.steps / max(cpu, 1e-9), 1),
-               "wall_s": round(time.perf_counter() - t0, 1)}
-        done.append(row)
-        print(f"part {part}: {prof.name} at {hz:g} Hz, {r['gpu_days']:.1f} GPU-days, "
-              f"{r['false_incidents']} false incidents {r['false_episodes_by_source']} "
-              f"[{row['wall_s']} s]", file=sys.stderr, flush=True)
-        _write(args, done, engine)
+    todo = [p for p in range(args.parts) if p not in {r["part"] for r in done}]
+    job = functools.partial(run_part, split=args.split, gpus=args.gpus, hours=args.hours,
+                            max_hz=args.max_hz, config_path=args.config, engine=engine)
+    with concurrent.futures.ProcessPoolExecutor(max(1, args.workers)) as pool:
+        for row in _as_done(pool, job, todo, args.workers):
+            done.append(row)
+            done.sort(key=lambda r: int(r["part"]))
+            print(f"part {row['part']}: {row['profile']} at {row['hz']:g} Hz, "
+                  f"{row['gpu_days']:.1f} GPU-days, {row['false_incidents']} false incidents "
+                  f"{row['false_episodes_by_source']}, {row['signals']} signals "
+                  f"[{row['wall_s']} s]", file=sys.stderr, flush=True)
+            _write(args, done, engine)
     summary = _write(args, done, engine)
     print(json.dumps(summary))
     return 0
+
+
+def _config(path: Path | None) -> DetectorConfig:
+    from fleetpulse.config import load_config
+
+    return load_config(DetectorConfig, path) if path else DetectorConfig()
+
+
+def _as_done(pool: concurrent.futures.Executor, job: Callable[[int], dict[str, Any]],
+             parts: list[int], workers: int) -> Iterator[dict[str, Any]]:
+    """Each part's row as it finishes (in this process when ``workers`` is 1)."""
+    if workers <= 1:
+        yield from map(job, parts)
+        return
+    futures = [pool.submit(job, p) for p in parts]
+    for f in concurrent.futures.as_completed(futures):
+        yield f.result()
+
+
+def run_part(part: int, *, split: str, gpus: int, hours: float, max_hz: float,
+             config_path: Path | None, engine: str) -> dict[str, Any]:
+    """One healthy zoo fleet of the split through the whole detector, scored."""
+    from agent.fleet.export import generate_zoo
+    from agent.fleet.zoo import ZOO_HELDOUT_SEEDS, ZOO_TUNING_SEEDS, draw_profile
+
+    t0 = time.perf_counter()
+    config = _config(config_path)
+    seeds = ZOO_HELDOUT_SEEDS if split == "heldout" else ZOO_TUNING_SEEDS
+    seed = seeds[part % len(seeds)]
+    prof = draw_profile(seed)
+    hz = min(prof.hz, max_hz)
+    # A different fleet each time a profile comes round again.
+    fleet_seed = seed + 100_000 * (part // len(seeds))
+    prof, data = generate_zoo(fleet_seed, gpus, hours * 3600.0, 0, profile=prof, hz=hz)
+    fleet = fleet_from_data(data, f"soak part {part}: {prof.name}")
+    alerts, cpu, _, _ = run_detector(fleet, config, engine)
+    cold = cold_start(config, fleet.hz)
+    r = evaluate(fleet, episodes_from_alerts(fleet, pages(alerts)), cold)
+    info = [a for a in alerts if a.severity is Severity.INFO]
+    signals = evaluate(fleet, episodes_from_alerts(fleet, info), cold)["false_incidents"]
+    return {"part": part, "profile": prof.name, "hz": hz, "gpus": gpus, "hours": hours,
+            "gpu_days": r["gpu_days"], "false_incidents": r["false_incidents"],
+            "false_episodes_by_source": r["false_episodes_by_source"],
+            "point_fpr": r["point_fpr"], "signals": signals,
+            "updates_per_s": round(fleet.gpus * fleet.steps / max(cpu, 1e-9), 1),
+            "wall_s": round(time.perf_counter() - t0, 1)}
 
 
 def _write(args: argparse.Namespace, parts: list[dict[str, Any]], engine: str
@@ -111,6 +142,7 @@ def _write(args: argparse.Namespace, parts: list[dict[str, Any]], engine: str
             by_source[k] = by_source.get(k, 0) + v
     summary = {
         "parts": len(parts), "gpu_days": round(days, 2), "false_incidents": false,
+        "signals": sum(int(p.get("signals", 0)) for p in parts),
         "false_incidents_per_1000_gpu_days": round(1000.0 * false / max(days, 1e-9), 2),
         "false_per_1000_gpu_days_upper95": round(1000.0 * poisson_upper(false)
                                                  / max(days, 1e-9), 2),

@@ -1,11 +1,17 @@
 """The detection benchmark's scoring (recall, false incidents, point FPR, delay) on a tiny
-hand-made fleet whose answers are known."""
+hand-made fleet whose answers are known; pages apart from signals; the soak's parts."""
 
 from __future__ import annotations
 
-import numpy as np
+import json
+from pathlib import Path
 
-from benchmarks.detection import Episode, Fleet, evaluate, poisson_upper
+import numpy as np
+import pytest
+
+from benchmarks import detection_soak
+from benchmarks.detection import Episode, Fleet, evaluate, pages, poisson_upper
+from schemas.records import AlertRecord, AlertState, Severity
 
 
 def _fleet() -> Fleet:
@@ -68,3 +74,30 @@ def test_poisson_upper_bound() -> None:
     assert abs(poisson_upper(0) - 2.996) < 1e-3
     assert abs(poisson_upper(1) - 4.744) < 1e-3
     assert abs(poisson_upper(10) - 17.0) < 0.1
+
+
+def test_pages_leave_info_signals_out() -> None:
+    def rec(severity: Severity) -> AlertRecord:
+        return AlertRecord(id=severity.value, entity="c/r/rack-0/n/gpu-1", level="gpu",
+                           state=AlertState.FIRING, severity=severity, source="x",
+                           summary="", score=1.0, threshold=1.0, started_ms=0, updated_ms=0)
+
+    alerts = [rec(s) for s in Severity]
+    assert [a.id for a in pages(alerts)] == [a.id for a in alerts
+                                             if a.severity is not Severity.INFO]
+
+
+def test_soak_runs_parts_in_workers_and_resumes(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    common = ["--split", "tuning", "--gpus", "8", "--hours", "0.4", "--out", str(out)]
+    assert detection_soak.main(["--parts", "2", "--workers", "2", *common]) == 0
+    first = json.loads(out.read_text())
+    assert [p["part"] for p in first["parts"]] == [0, 1]
+    assert first["summary"]["parts"] == 2
+    assert first["summary"]["gpu_days"] == pytest.approx(
+        sum(p["gpu_days"] for p in first["parts"]), abs=0.01)
+    assert all(p["gpu_days"] > 0 and "signals" in p for p in first["parts"])
+    assert detection_soak.main(["--parts", "3", "--resume", *common]) == 0
+    again = json.loads(out.read_text())
+    assert again["parts"][:2] == first["parts"]  # kept, not rerun
+    assert [p["part"] for p in again["parts"]] == [0, 1, 2]
