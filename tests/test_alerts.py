@@ -4,6 +4,7 @@ format (its delivery to a real Alertmanager is tests/test_alertmanager.py's)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 
 import pytest
@@ -69,6 +70,18 @@ def test_tail_json_round_trips(capsys: pytest.CaptureFixture[str]) -> None:
     got = [AlertRecord.from_bytes(line.encode())
            for line in capsys.readouterr().out.splitlines()]
     assert got == sent
+
+
+def test_tail_pages_leaves_the_signals_out(capsys: pytest.CaptureFixture[str]) -> None:
+    bootstrap = f"memory://tail-{uuid.uuid4().hex}"
+    signal = dataclasses.replace(_alert(AlertState.FIRING), id="s1", severity=Severity.INFO)
+    page = _alert(AlertState.FIRING, source="rule:thermal_excess")
+    _publish(bootstrap, [signal, page])
+    assert main(["alerts", "tail", "--bootstrap", bootstrap, "--from-beginning", "--json",
+                 "--idle-exit", "1", "--pages"]) == 0
+    got = [AlertRecord.from_bytes(line.encode())
+           for line in capsys.readouterr().out.splitlines()]
+    assert got == [page]
 
 
 def test_alertmanager_format() -> None:

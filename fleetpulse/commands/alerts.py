@@ -1,13 +1,15 @@
 """``fleetpulse alerts tail``: follow the alert topic as a readable table (or JSON lines).
 
     fleetpulse alerts tail [--config config/detector.toml] [--bootstrap B] [--prefix P]
-                           [--json] [--from-beginning] [--idle-exit S] [--job J]
+                           [--json] [--from-beginning] [--idle-exit S] [--job J] [--pages]
 
 Reads with its own throw-away consumer group, so it never moves the detector's offsets.
 By default it shows alerts from now on; ``--from-beginning`` replays the topic's history.
 A record that does not decode is shown as such and skipped (the tail never dies on bad
 input). ``--job J`` shows only the alerts naming workload ``J`` (the detector puts the job
 of a GPU alert in its context, detector.workloads) and the incidents they belong to.
+``--pages`` leaves out the ``info`` alerts (the forests' signals, which open no incident):
+what an on-call person is paged for.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ from typing import TextIO
 
 from fleetpulse.config import ConfigError
 from schemas.errors import DecodeError
-from schemas.records import AlertRecord, AlertState, IncidentRecord, decode_alerts_topic
+from schemas.records import (
+    AlertRecord,
+    AlertState,
+    IncidentRecord,
+    Severity,
+    decode_alerts_topic,
+)
 
 __all__ = ["format_row", "register", "run"]
 
@@ -44,6 +52,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--from-beginning", action="store_true", help="replay the topic's history")
     t.add_argument("--job", help="only alerts of this workload (job id or namespace/pod), and "
                    "their incidents")
+    t.add_argument("--pages", action="store_true",
+                   help="leave out info alerts (signals that page nobody)")
     t.add_argument("--idle-exit", type=float, default=0.0,
                    help="exit after this many seconds without a new alert (0: follow forever)")
     t.set_defaults(func=run)
@@ -114,6 +124,8 @@ async def _tail(args: argparse.Namespace, out: TextIO) -> int:
                           file=sys.stderr)
                     continue
                 if args.job and not _of_job(rec, args.job, shown):
+                    continue
+                if args.pages and rec.severity is Severity.INFO:
                     continue
                 if args.json:
                     out.write(rec.to_bytes().decode() + "\n")
