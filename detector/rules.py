@@ -25,14 +25,17 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              out (a cold plate the model cannot yet tell from a heat sink
                              keeps the slow lag in play): for ``stuck_after_s`` while each
                              such lag swung by ``stuck_predicted_c`` (and 4 times the model's
-                             error before the freeze) or more, and most of the node's other
-                             GPUs changed their readings; or for ``stuck_after_s`` in all
+                             error before the freeze) or more, and still for ``stuck_after_s``
+                             after they had (a die of minutes lags a job's start), and most of
+                             the node's other GPUs changed their readings; or for
+                             ``stuck_after_s`` in all
                              while every such lag stood that far off the held reading on one
                              side (having agreed with it when it froze) and the node's peers
                              did not; or for twice ``stuck_after_s`` and 10 times longer than
                              any run of identical readings this sensor showed at this power in
                              the last day (after ``stuck_history_s`` learned and 30 changes of
-                             value at that power), where the lags expect 2 degC of wandering.
+                             value at that power), where the lags expect more wandering than a
+                             whole degree plus 4 times the model's error (2 degC at least).
                              A sensor is one GPU's part: when the whole node holds its
                              readings, the node is steady or the models misjudge its loop.
                              Judged by the GPU's own response, its own sensor and its peers,
@@ -194,6 +197,7 @@ class RuleBook:
 
     ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
               "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus", "stuck_kmin", "stuck_kmax", "stuck_err",
+              "stuck_swung_ms",
               "run_max_s", "runs_n", "excess_since_ms", "excess_err", "excess_kplaus",
               "deficit_since_ms",
               "burst")
@@ -224,6 +228,9 @@ class RuleBook:
         self.stuck_err = np.zeros(0)
         """The thermal model's error when the reading last changed: a frozen reading teaches
         the model to err, so the bar is the error it had before."""
+        self.stuck_swung_ms = np.zeros(0, dtype=np.int64)
+        """Since when, in the current freeze, every plausible lag has swung past the bar (0:
+        not yet)."""
         self.run_max_s = np.zeros((0, DWELL_BINS))
         """Longest run of identical readings this sensor showed, per band of power (decaying
         over a day) ..."""
@@ -334,7 +341,15 @@ class RuleBook:
         still = np.bincount(ctx.node, weights=frozen_long.astype(np.float64),
                             minlength=nodes)[ctx.node] - frozen_long
         alone = (reporting < 2) | (still <= 0.5 * reporting)
-        swung = frozen_long & alone & (swing >= bar)
+        # The die has had ``stuck_after_s`` to show the swing since the lags reached it: a
+        # job that starts moves a fast lag's prediction by degrees within seconds, long
+        # before a die of minutes has moved one.
+        past = held & (swing >= bar)
+        swung_ms = np.where(past, np.where(self.stuck_swung_ms[ids] > 0,
+                                           self.stuck_swung_ms[ids], ts_ms), 0)
+        self.stuck_swung_ms[ids] = swung_ms
+        swung = (frozen_long & alone & past
+                 & (ts_ms - swung_ms >= p.stuck_after_s * 1000))
         # Or every plausible lag now puts the die ``bar`` degrees or more off the held
         # reading on one side (``off``: how far the nearest is), where the chosen lag agreed
         # with the reading when it froze (a model that was off before says nothing now),
@@ -356,14 +371,15 @@ class RuleBook:
         off_s = np.where(held, self.stuck_off_s[ids] + np.where(away, dt_s, 0.0), 0.0)
         self.stuck_off_s[ids] = off_s
         stayed = held & (off_s >= p.stuck_after_s)
-        # Or unlike itself: the lags expect the reading to wander by two degrees or more (and
-        # twice the model's error before the freeze: a model that errs by degrees says little
-        # about wandering), and this sensor, which has changed value often at this power,
-        # never held a value a tenth as long. (An integer sensor without noise at a steady
-        # temperature holds one value for hours, but then no lag expects wandering.)
+        # Or unlike itself: the lags expect the reading to wander by more than a whole-degree
+        # sensor's step plus four times the model's error before the freeze (a model's error
+        # drifts slowly, so over an hour-long freeze the predictions span about four of its
+        # errors while the die holds still), two degrees at least, and this sensor, which
+        # has changed value often at this power, never held a value a tenth as long. (An
+        # integer sensor at a steady temperature holds one value for hours.)
         known = (ctx.dwell_s >= p.stuck_history_s) & (self.runs_n[ids, band] >= 30)
         unlike_itself = (frozen_long & alone & known
-                         & (swing >= np.maximum(2.0, 2.0 * self.stuck_err[ids]))
+                         & (swing >= np.maximum(2.0, 1.0 + 4.0 * self.stuck_err[ids]))
                          & (frozen_s >= 2.0 * p.stuck_after_s)
                          & (frozen_s >= 10.0 * self.run_max_s[ids, band]))
         cond[:, 5] = swung | stayed | unlike_itself
@@ -480,6 +496,10 @@ class RuleBook:
         return {f"rules.{k}": getattr(self, k).copy() for k in self.ARRAYS}
 
     def load_arrays(self, arrays: dict[str, npt.NDArray[np.generic]]) -> None:
+        """Restore; an array the checkpoint's version did not have starts at zero."""
+        n = len(arrays["rules.run"])
         for k in self.ARRAYS:
             cur = getattr(self, k)
-            setattr(self, k, np.array(arrays[f"rules.{k}"], dtype=cur.dtype))
+            saved = arrays.get(f"rules.{k}")
+            setattr(self, k, np.zeros((n, *cur.shape[1:]), dtype=cur.dtype) if saved is None
+                    else np.array(saved, dtype=cur.dtype))
