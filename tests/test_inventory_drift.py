@@ -1,5 +1,6 @@
 """``fleetpulse inventory drift`` over the events topic: a rack and a node with mixed drivers
-show up, a uniform rack does not, and a VBIOS change on one GPU is listed."""
+show up, a uniform rack does not, and a VBIOS change on one GPU is listed; a job whose GPUs
+run mixed drivers is named."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pytest
 
 from fleetpulse.cli import main
 from fleetpulse.config import TransportConfig
+from fleetpulse.inventory_drift import InventoryLedger
 from fleetpulse.transport import open_transport
+from schemas.attribution import Attachment
+from schemas.errors import DecodeError
 from schemas.identity import NodeIdentity
 from schemas.records import EventKind, EventRecord
 from schemas.topics import Topics
@@ -64,3 +68,30 @@ def test_drift_report_names_mixed_racks_and_nodes_and_changes(
     text = capsys.readouterr().out
     assert "mixed  rack  c1/row-a/rack-1" in text and "535.104.12 x1" in text
     assert "96.00.89.00.01 -> 96.00.89.00.02" in text
+
+
+def test_a_job_across_nodes_with_mixed_drivers_is_named() -> None:
+    ledger = InventoryLedger()
+    for node, driver in (("node-0", "550.54.15"), ("node-1", "535.104.12")):
+        for g in range(2):
+            ledger.observe(_inventory("rack-1", node, g, driver, "96.00.89.00.01", 0))
+
+    def attach(node: str, gpu: int, job: str, start: int, end: int | None) -> EventRecord:
+        att = Attachment(f"GPU-rack-1-{node}-{gpu}", job, {"job": job}, T + start,
+                         None if end is None else T + end)
+        return EventRecord(EventKind.ATTRIBUTION, NodeIdentity("c1", "row-a", "rack-1", node),
+                           f"{node}.1", T + (end or start), gpu=gpu, uuid=att.uuid,
+                           data=att.to_data())
+
+    ledger.observe(attach("node-0", 0, "train-42", 1000, None))
+    ledger.observe(attach("node-1", 0, "train-42", 1000, None))  # other driver: mixed
+    ledger.observe(attach("node-0", 1, "eval-7", 1000, None))  # one driver: not listed
+    ledger.observe(attach("node-1", 1, "old-3", 500, 2000))  # ended before the report
+    ledger.observe(attach("node-0", 1, "eval-7", 1000, None))  # a repeat changes nothing
+    jobs = {(m.entity, m.field): m.versions for m in ledger.drift() if m.level == "job"}
+    assert jobs == {("train-42", "driver"): {"535.104.12": 1, "550.54.15": 1}}
+    assert [m.level for m in ledger.drift()] == ["rack", "job"]
+    with pytest.raises(DecodeError):
+        ledger.observe(EventRecord(EventKind.ATTRIBUTION, NodeIdentity("c1", "row-a",
+                                                                       "rack-1", "node-0"),
+                                   "x", T, gpu=0, uuid="GPU-x", data={"workload": 7}))

@@ -1,4 +1,4 @@
-"""``fleetpulse inventory drift``: racks and nodes that mix driver / VBIOS / InfoROM /
+"""``fleetpulse inventory drift``: racks, nodes and jobs that mix driver / VBIOS / InfoROM /
 firmware versions, and the GPUs whose version changed, from the events topic.
 
     fleetpulse inventory drift [--config config/detector.toml] [--bootstrap B] [--prefix P]
@@ -64,7 +64,7 @@ async def _read(args: argparse.Namespace) -> tuple[InventoryLedger, int]:
 def _print(ledger: InventoryLedger, bad: int, out: TextIO) -> None:
     mixes = ledger.drift()
     out.write(f"{len(ledger.versions)} GPUs with inventory; {len(mixes)} mixed "
-              f"(rack or node, field); {len(ledger.changes)} version changes\n")
+              f"(rack, node or job, field); {len(ledger.changes)} version changes\n")
     for m in mixes:
         versions = ", ".join(f"{v} x{n}" for v, n in m.versions.items())
         out.write(f"  mixed  {m.level:<4}  {m.entity:<48}  {m.field:<8}  {versions}\n")
