@@ -14,6 +14,7 @@ Helpers here (``BrowserPage``, ``ServerThread``, ``chromium``) are imported by t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import shutil
 import threading
@@ -28,7 +29,14 @@ import pytest
 from aiohttp import web
 
 from fleetpulse.web import AlertBoard, WebConfig, add_web_routes
-from schemas.records import AlertRecord, AlertState, Attribution, Severity
+from schemas.records import (
+    Action,
+    AlertRecord,
+    AlertState,
+    Attribution,
+    IncidentRecord,
+    Severity,
+)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -533,6 +541,72 @@ def test_alert_rings_the_gpu_and_links_to_it(browser: BrowserPage, fleet_server:
     assert browser.attr("entity") == path
     server.call(lambda: board.add(_alert(fleet, fleet.hot_gpu, state=AlertState.RESOLVED)))
     browser.wait(lambda: path not in browser.highlighted(), 10, "resolved alert unringed")
+
+
+def _incident(root: str, iid: str, started_ms: int, level: str = "gpu") -> IncidentRecord:
+    return IncidentRecord(
+        id=iid, root=root, level=level, state=AlertState.FIRING, severity=Severity.CRITICAL,
+        cause="xid:79", action=Action.DRAIN_REBOOT, summary="GPU fell off the bus",
+        started_ms=started_ms, updated_ms=started_ms, members=(f"{iid}-a",))
+
+
+def test_health_mode_colours_gpus_by_their_incidents(browser: BrowserPage) -> None:
+    """``health (7 days)`` colours each GPU by its /web/health row: incidents first, then
+    hardware events; GPUs with nothing in the window (or only older, or node-level, trouble)
+    stay healthy, and a new incident shows on the next refresh."""
+    end_s = (int(time.time()) // STEP_S) * STEP_S
+    fleet = GeneratedFleet(rows=1, racks=2, nodes=2, gpus=8, end_s=end_s)
+    now_ms = fleet.end_s * 1000
+    board = AlertBoard(clock=lambda: now_ms)
+    worst, second, later, old, calm = (fleet.path(i) for i in (3, 12, 20, 25, 30))
+    ecc = dataclasses.replace(
+        _alert(fleet, 3), id="ecc-3", source="rule:ecc_dbe", summary="double-bit ECC error",
+        context={"incident": "inc-worst-1"})
+    for rec in (
+        _incident(worst, "inc-worst-1", now_ms - 3_600_000),
+        _incident(worst, "inc-worst-2", now_ms - 86_400_000),
+        _incident(second, "inc-second", now_ms - 600_000),
+        _incident(old, "inc-old", now_ms - 8 * 86_400_000),  # outside the 7 days
+        _incident(calm.rsplit("/", 1)[0], "inc-node", now_ms - 600_000, level="node"),
+    ):
+        board.add_incident(rec)
+    board.add(ecc)
+    app = prometheus_app(fleet)
+    add_web_routes(app, board, WebConfig(refresh_s=0.3, min_step_s=STEP_S))
+    with ServerThread(app) as server:
+        browser.open(server.url)
+        assert browser.attr("unhealthy") == ""
+        label = browser.js(
+            "const o = document.querySelector('#mode option[value=\"health:rank\"]');"
+            "return o && o.textContent")
+        assert label == "health (7 days)"
+        browser.js("const m = document.getElementById('mode'); m.value = 'health:rank';"
+                   "m.dispatchEvent(new Event('change'));")
+        browser.wait(lambda: browser.attr("unhealthy"), 5, "unhealthy GPUs marked")
+        # exactly the GPUs with incidents in the window, worst (2 incidents + ECC) first
+        assert browser.attr("unhealthy").split() == [worst, second]
+        assert "health (7 days)" in browser.js(
+            "return document.getElementById('map-title').textContent")
+        assert "incidents" in browser.js(
+            "return document.getElementById('legend-max').textContent")
+        ok = (0x1D, 0x5C, 0x3A)  # the low end of the scale: healthy
+        assert browser.cell_rgb(old) == ok and browser.cell_rgb(calm) == ok
+        assert browser.cell_rgb(second) == (0xFA, 0xDB, 0x14)  # one incident: yellow
+        w = browser.cell_rgb(worst)
+        assert w[0] > 240 and w[1] < 150, w  # two incidents and an ECC error: orange-red
+        tip = browser.js(
+            "const p = window.fleetpulse.cellCenter(arguments[0]);"
+            "const c = document.getElementById('heatmap'); const r = c.getBoundingClientRect();"
+            "c.dispatchEvent(new MouseEvent('mousemove', {clientX: r.left + p.x,"
+            " clientY: r.top + p.y, bubbles: true}));"
+            "return document.getElementById('tooltip').textContent", worst)
+        assert worst in tip and "health (7 days): 2 incidents" in tip, tip
+        assert "1 ECC" in tip and "0 XIDs" in tip and "lost 0 s" in tip, tip
+        # the ranking refreshes with the alerts: a new incident shows without a reload
+        server.call(lambda: board.add_incident(_incident(later, "inc-later", now_ms - 1000)))
+        browser.wait(lambda: later in browser.attr("unhealthy").split(), 10,
+                     "new incident coloured")
+        assert set(browser.attr("unhealthy").split()) == {worst, second, later}
 
 
 def test_ten_thousand_gpus_render_under_a_second(browser: BrowserPage) -> None:

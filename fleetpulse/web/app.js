@@ -1,8 +1,9 @@
 // fleetpulse fleet heatmap: one canvas cell per GPU, laid out row -> rack -> node -> GPU.
 //
 // Everything comes from the Prometheus-compatible query API next to this page
-// (api/v1/query_range, api/v1/label/__name__/values) plus two small JSON endpoints of the
-// web module: web/config.json (what to query) and web/alerts (recent alerts, the clock).
+// (api/v1/query_range, api/v1/label/__name__/values) plus small JSON endpoints of the
+// web module: web/config.json (what to query), web/alerts (recent alerts, the clock) and
+// web/health (the worst GPUs of the last days, for the "health (7 days)" colour mode).
 // The page fetches the last hour of one metric for every GPU once, keeps it as one
 // Float32Array per time step, and scrubs through it locally, so replaying a thermal wave
 // costs no request. Plain JavaScript, no libraries, no build step: the file is served as is.
@@ -16,13 +17,19 @@
   const SEVERITY_COLOR = { 3: "#ff4d4f", 2: "#ffa940", 1: "#fadb14" };
   const MISSING = "#2b2f36";
   const HEALTH_OK = "#1d5c3a";
+  // "health (7 days)": green (nothing in the window) -> yellow (one incident) -> orange (two)
+  // -> red (HEALTH_TOP incidents or more), the severity colours of the alert mode.
+  const HEALTH_RAMP = [HEALTH_OK, SEVERITY_COLOR[1], SEVERITY_COLOR[2], SEVERITY_COLOR[3]];
+  const HEALTH_TOP = 3;
+  const HEALTH_WINDOW = "7d";     // the web/health window, and how the page names it:
+  const HEALTH_SPAN = "7 days";
   const LINE_COLORS = ["#5fb3ff", "#ffa940", "#52c41a", "#f759ab", "#b37feb", "#fadb14",
     "#13c2c2", "#ff7a45"];
 
   const S = {
     cfg: null,
     metrics: [],
-    mode: "",            // "metric:<name>", "health:alerts" or "health:score"
+    mode: "",            // "metric:<name>", "health:alerts", "health:score" or "health:rank"
     metric: "",          // the metric behind the frames and the charts
     gpus: [],            // {cluster,row,rack,node,gpu,path,key}, sorted row/rack/node/gpu
     byKey: new Map(),    // label key -> index
@@ -38,6 +45,7 @@
     selected: -1,        // GPU index when the view is a single GPU
     alerts: [],
     scores: {},
+    health: new Map(),   // GPU entity path -> its web/health row (GPUs absent: healthy)
     nowMs: Date.now(),
     layout: null,
     charts: [],
@@ -268,6 +276,16 @@
     S.nowMs = body.data.now_ms;
   }
 
+  // The ranking covers the whole fleet the page knows (not just the drilled-into part: the
+  // server ranks fleet-wide, so a rack's GPUs may sit anywhere in it), up to the route's cap.
+  // Only GPUs with something in the window are listed, so the cap is rarely reached; past it
+  // the worst max_alerts GPUs are shown and the rest look healthy.
+  async function refreshHealth() {
+    const limit = Math.min(S.cfg.max_alerts, Math.max(20, S.gpus.length));
+    const body = await getJSON("web/health", { window: HEALTH_WINDOW, limit });
+    S.health = new Map(body.data.gpus.map((h) => [h.gpu, h]));
+  }
+
   // ---------------------------------------------------------------- alert state
   function activeAt(a, tMs) {
     if (a.started_ms > tMs) return false;
@@ -410,9 +428,10 @@
   }
 
   // ---------------------------------------------------------------- colours
-  const LUT = (() => {
+  // 256 CSS colours interpolated between the stops (hex strings), low to high.
+  function ramp(hexStops) {
     const hex = (h) => [1, 3, 5].map((o) => parseInt(h.slice(o, o + 2), 16));
-    const stops = VIRIDIS.map(hex);
+    const stops = hexStops.map(hex);
     const out = [];
     for (let k = 0; k < 256; k++) {
       const p = (k / 255) * (stops.length - 1);
@@ -421,7 +440,9 @@
       out.push(`rgb(${rgb[0]},${rgb[1]},${rgb[2]})`);
     }
     return out;
-  })();
+  }
+  const LUT = ramp(VIRIDIS);
+  const HEALTH_LUT = ramp(HEALTH_RAMP);
 
   function metricColour(v) {
     if (!Number.isFinite(v)) return MISSING;
@@ -436,6 +457,23 @@
     return s.threshold > 0 ? s.score / s.threshold : s.score;
   }
 
+  // One number per GPU from its web/health row, in health_rank's order: incidents rooted at
+  // the GPU first, then hardware events (XIDs, ECC, remaps) as a fraction below one
+  // incident, hw / (hw + 1). So a GPU with more incidents always scores higher, hardware
+  // events only tell apart GPUs with as many incidents, and a count reads off the legend:
+  // 1 = one incident. Throttled and lost time, health_rank's last tie-break, is left to the
+  // tooltip: it comes with an incident when it matters. 0 = healthy (absent from the answer).
+  function healthScore(i) {
+    const h = S.health.get(S.gpus[i].path);
+    if (!h) return 0;
+    const hw = h.xids + h.ecc + h.remaps;
+    return h.incidents + hw / (hw + 1);
+  }
+
+  function healthColour(v) {
+    return HEALTH_LUT[Math.max(0, Math.min(255, Math.round((v / HEALTH_TOP) * 255)))];
+  }
+
   function cellColour(i, frame, alerts) {
     if (S.mode === "health:alerts") {
       const r = alerts.gpu[i];
@@ -447,6 +485,7 @@
       if (!Number.isFinite(v)) return MISSING;
       return LUT[Math.max(0, Math.min(255, Math.round((v / 2) * 255)))];
     }
+    if (S.mode === "health:rank") return healthColour(healthScore(i));
     return metricColour(frame ? frame[i] : NaN);
   }
 
@@ -491,6 +530,7 @@
     canvas.dataset.groups = String(L.groups.filter((g) => g.level === childLevel).length);
     canvas.dataset.rows = String(L.rows);
     canvas.dataset.highlighted = highlighted.join(" ");
+    canvas.dataset.unhealthy = unhealthyInView(L).join(" ");
     canvas.dataset.frame = String(S.frame);
     canvas.dataset.renderMs = (performance.now() - t0).toFixed(1);
     $("map-title").textContent = titleText();
@@ -498,6 +538,18 @@
     updateScrubber();
     drawCharts();
     renderAlertList(alerts);
+  }
+
+  // In the health mode: paths of the cells in view coloured above healthy, worst first.
+  function unhealthyInView(L) {
+    if (S.mode !== "health:rank") return [];
+    const out = [];
+    for (const i of L.cells.idx) {
+      const v = healthScore(i);
+      if (v > 0) out.push([v, S.gpus[i].path]);
+    }
+    out.sort((a, b) => b[0] - a[0] || (a[1] < b[1] ? -1 : 1));
+    return out.map((x) => x[1]);
   }
 
   function drawLabels(L, frame, alerts) {
@@ -600,10 +652,14 @@
     const bar = $("legend-bar");
     const c = bar.getContext("2d");
     const mode = S.mode;
+    const lut = mode === "health:rank" ? HEALTH_LUT : LUT;
     for (let k = 0; k < bar.width; k++) {
-      c.fillStyle = LUT[Math.round((k / (bar.width - 1)) * 255)];
+      c.fillStyle = lut[Math.round((k / (bar.width - 1)) * 255)];
       c.fillRect(k, 0, 1, bar.height);
     }
+    $("legend").title = mode === "health:rank"
+      ? `health (${HEALTH_SPAN}): incidents rooted at the GPU; hardware events (XIDs, ECC, ` +
+        "remaps) add less than one incident. Hover a GPU for its counts." : "";
     if (mode === "health:alerts") {
       const parts = [[HEALTH_OK, 0.4], [SEVERITY_COLOR[1], 0.2], [SEVERITY_COLOR[2], 0.2], [SEVERITY_COLOR[3], 0.2]];
       let x0 = 0;
@@ -614,6 +670,9 @@
       }
       $("legend-min").textContent = "healthy";
       $("legend-max").textContent = "critical";
+    } else if (mode === "health:rank") {
+      $("legend-min").textContent = "healthy";
+      $("legend-max").textContent = `${HEALTH_TOP}+ incidents in ${HEALTH_SPAN}`;
     } else if (mode === "health:score") {
       $("legend-min").textContent = "score 0";
       $("legend-max").textContent = "2× threshold";
@@ -646,6 +705,13 @@
         return String(Math.round(v * 100) / 100);
       }
     }
+  }
+
+  function fmtDuration(sec) {
+    if (sec < 60) return `${Math.round(sec)} s`;
+    if (sec < 3600) return `${(sec / 60).toFixed(1)} min`;
+    if (sec < 86400) return `${(sec / 3600).toFixed(1)} h`;
+    return `${(sec / 86400).toFixed(1)} d`;
   }
 
   function fmtTime(sec) {
@@ -726,6 +792,13 @@
     const lines = [g.path, `${S.metric}: ${formatValue(frame ? frame[cell.gpu] : NaN, unitOf(S.metric))}`];
     const sc = scoreOf(cell.gpu);
     if (Number.isFinite(sc)) lines.push(`anomaly score: ${sc.toFixed(2)} × threshold`);
+    if (S.mode === "health:rank") {
+      const h = S.health.get(g.path);
+      lines.push(h
+        ? `health (${HEALTH_SPAN}): ${h.incidents} incidents · ${h.xids} XIDs · ${h.ecc} ECC · ` +
+          `${h.remaps} remaps\nthrottled ${fmtDuration(h.throttled_s)} · lost ${fmtDuration(h.lost_s)}`
+        : `health (${HEALTH_SPAN}): nothing in the window`);
+    }
     for (const a of S.alerts) {
       if (a.entity === g.path && a.state === "firing") lines.push(`⚠ ${a.severity}: ${a.summary}`);
     }
@@ -761,7 +834,8 @@
 
   function titleText() {
     const what = S.mode === "health:alerts" ? "alert state"
-      : S.mode === "health:score" ? "anomaly score" : S.metric.replace(/^fleetpulse_gpu_/, "");
+      : S.mode === "health:score" ? "anomaly score"
+      : S.mode === "health:rank" ? `health (${HEALTH_SPAN})` : S.metric.replace(/^fleetpulse_gpu_/, "");
     return `${viewLevel()} · ${S.layout ? S.layout.cells.idx.length.toLocaleString() : 0} GPUs · ${what}`;
   }
 
@@ -1005,7 +1079,8 @@
     }
     const hg = document.createElement("optgroup");
     hg.label = "health";
-    for (const [v, t] of [["health:alerts", "alert state"], ["health:score", "anomaly score"]]) {
+    for (const [v, t] of [["health:alerts", "alert state"], ["health:score", "anomaly score"],
+      ["health:rank", `health (${HEALTH_SPAN})`]]) {
       const o = document.createElement("option");
       o.value = v;
       o.textContent = t;
@@ -1027,6 +1102,13 @@
         setStatus(String(err.message || err), true);
       }
       loadCharts();
+    }
+    if (mode === "health:rank") {
+      try {
+        await refreshHealth();
+      } catch (err) {
+        setStatus(String(err.message || err), true);
+      }
     }
     renderCrumbs();
     render();
@@ -1056,6 +1138,7 @@
   async function tick() {
     try {
       await refreshAlerts();
+      if (S.mode === "health:rank") await refreshHealth();
       if (S.mode.startsWith("metric:") || S.mode === "health:alerts") await extendRange();
       if (!S.playing) render();
       const n = S.alerts.filter((a) => a.state === "firing").length;
@@ -1087,6 +1170,13 @@
       buildModeSelect();
       await refreshAlerts();
       await loadRange();
+      if (S.mode === "health:rank") {
+        try {
+          await refreshHealth();
+        } catch (err) {
+          setStatus(String(err.message || err), true);
+        }
+      }
       const cluster = S.gpus.length ? S.gpus[0].cluster : "";
       S.view = h.view ? h.view.split("/").slice(0, 4) : [cluster];
       if (h.gpu !== null && S.view.length === 4) {

@@ -1,8 +1,9 @@
 """Serves the heatmap page on any aiohttp application (normally the aggregator's query API).
 
-The page is three static files shipped in this package (no CDN, no build step) plus two
-small JSON endpoints: ``web/config.json`` (what the page should query) and ``web/alerts``
-(recent alerts and the data clock). Every route is a fixed path, so no file name is ever
+The page is three static files shipped in this package (no CDN, no build step) plus three
+small JSON endpoints: ``web/config.json`` (what the page should query), ``web/alerts``
+(recent alerts and the data clock) and ``web/health`` (the worst GPUs, which the page's
+"health (7 days)" colour mode shows). Every route is a fixed path, so no file name is ever
 built from request input. The page expects the Prometheus-compatible API
 (``api/v1/query_range``, ``api/v1/label/__name__/values``) on the same origin and root.
 """
@@ -100,6 +101,7 @@ def page_config(config: WebConfig, now_ms: int) -> dict[str, object]:
         "chart_metrics": list(config.chart_metrics),
         "api_base": "",
         "now_ms": now_ms,
+        "max_alerts": MAX_ALERTS,  # the most rows web/alerts and web/health answer with
         "level_matchers": {"gpu": config.gpu_matchers}
         | {lvl: config.group_matchers for lvl in levels},
         "metrics": [
