@@ -324,7 +324,8 @@ class DetectorService:
         new = [(t, p) for t, p in assigned
                if (t == self.topics.samples and p not in self.shards)
                or (t == self.topics.events and p not in self.event_shards)]
-        keys = new + [self._workloads_key(p) for t, p in new if t == self.topics.events]
+        keys = (new + [self._workloads_key(p) for t, p in new if t == self.topics.events]
+                + [self._silence_key(p) for t, p in new if t == self.topics.samples])
         try:
             states = await self.changelog.load(keys)
         except ChangelogError as exc:
@@ -343,6 +344,7 @@ class DetectorService:
                     log.error("partition %d: %s; starting its models afresh", p, exc)
                     shard, offsets = DetectorShard(self.config, self.engine), None
                 self.shards[p] = shard
+                self._restore_silence(p, states.get(self._silence_key(p)))
                 if offsets is None:
                     # No checkpoint: the partition is replayed from the committed offset (or
                     # the start), so anything it ever published may come again.
@@ -746,9 +748,25 @@ class DetectorService:
         shard's lock: a chunk being processed in its thread is either in it or after it)."""
         async with self._shard_lock(p):
             offset = self.next_offset[(self.topics.samples, p)]
+            silence = self.silence.state(p)  # as of the same offset: frames wait on the lock
             data = await asyncio.to_thread(shard_bytes, shard, {"samples": offset, **extra})
-        await self.changelog.save({(self.topics.samples, p): data})
+        await self.changelog.save({(self.topics.samples, p): data,
+                                   self._silence_key(p): silence})
         return offset
+
+    def _silence_key(self, p: int) -> TopicPartition:
+        """The changelog key of samples partition ``p``'s expected senders (they move with
+        it)."""
+        return (f"{self.topics.samples}#silence", p)
+
+    def _restore_silence(self, p: int, data: bytes | None) -> None:
+        if data is None:
+            return
+        try:
+            self.silence.restore(p, data)
+        except DecodeError as exc:
+            log.error("partition %d: %s; its senders count as expected from their next "
+                      "frame", p, exc)
 
     def _workloads_key(self, p: int) -> TopicPartition:
         """The changelog key of events partition ``p``'s workload map (it moves with it)."""

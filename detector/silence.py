@@ -24,15 +24,20 @@ the partition has nothing left to read. So a partition still working through a b
 finds the nodes of another partition silent, a replay judges as the live run did, and a rack
 alone on its partition is judged by the fleet's clock once its partition is drained. A
 detector that receives nothing at all cannot tell a silent fleet from a broken feed; its
-own lag alert covers that. The state is not checkpointed: after a restart a node counts as
-expected again from its first frame.
+own lag alert covers that. The state of each samples partition (its nodes and the open
+alerts of its racks) is checkpointed beside its shard (:meth:`SilenceWatch.state`,
+:meth:`SilenceWatch.restore`), so a rack that goes dark while the detector restarts, or while
+its partition moves to another instance, is still expected, and found silent.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import orjson
+
 from detector.shard import alert_id
+from schemas.errors import DecodeError
 from schemas.records import Action, AlertRecord, AlertState, Severity
 
 __all__ = ["SilenceWatch"]
@@ -80,9 +85,39 @@ class SilenceWatch:
         self.nodes.pop(node, None)
 
     def drop_partition(self, partition: int) -> None:
-        """The partition moved to another detector instance: its senders are theirs."""
+        """The partition moved to another detector instance: its senders are theirs, and so
+        are the open alerts of its racks."""
+        racks = {_rack(k) for k, n in self.nodes.items() if n.partition == partition}
         for name in [k for k, n in self.nodes.items() if n.partition == partition]:
             del self.nodes[name]
+        for key in [k for k in self.open if _rack(k[0]) in racks]:
+            del self.open[key]
+
+    def state(self, partition: int) -> bytes:
+        """The expected senders of ``partition`` and the open alerts of their racks. (The
+        service calls it while other partitions' frames are taken in threads: ``list`` copies
+        the nodes in one step under the GIL.)"""
+        nodes = {name: [n.last_ms, n.last_reading_ms, n.gpus]
+                 for name, n in list(self.nodes.items()) if n.partition == partition}
+        racks = {_rack(name) for name in nodes}
+        return orjson.dumps({"version": 1, "nodes": nodes, "open": [
+            orjson.loads(rec.to_bytes()) for key, rec in self.open.items()
+            if _rack(key[0]) in racks]})
+
+    def restore(self, partition: int, data: bytes) -> None:
+        """Take back what :meth:`state` saved (DecodeError if it is not that)."""
+        try:
+            obj = orjson.loads(data)
+            if obj.get("version") != 1:
+                raise DecodeError(f"silence state version {obj.get('version')} is not 1")
+            nodes = {str(name): _Node(partition, int(last), int(reading), int(gpus))
+                     for name, (last, reading, gpus) in obj["nodes"].items()}
+            opened = [AlertRecord.from_bytes(orjson.dumps(r)) for r in obj["open"]]
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DecodeError(f"silence state unusable: {exc}") from exc
+        self.nodes.update(nodes)
+        for rec in opened:
+            self.open[(rec.entity, rec.source)] = rec
 
     def tick(self, now_by_partition: dict[int, int]) -> list[AlertRecord]:
         """Judge every expected sender at its partition's event time: at most once per

@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from pathlib import Path
 
+import pytest
 from test_detector_service import _read_all, _run_until
 from test_detector_support import frame, healthy, small_config, timestamps
 
@@ -15,6 +16,7 @@ from detector.service import DetectorService
 from detector.silence import SilenceWatch
 from fleetpulse.config import TransportConfig
 from fleetpulse.transport import open_transport
+from schemas.errors import DecodeError
 from schemas.frame import encode_frame
 from schemas.records import (
     AlertRecord,
@@ -123,6 +125,67 @@ async def test_the_service_raises_one_incident_for_a_rack_that_goes_silent(
     on_rack_2 = [i for i in incidents.values()
                  if i.root.startswith("c1/row-a/rack-2") and not i.merged_into]
     assert len(on_rack_2) == 1
+
+
+async def test_a_rack_that_goes_dark_while_the_detector_restarts_is_found_silent(
+        tmp_path: Path) -> None:
+    config = small_config(transport=TransportConfig(bootstrap=f"memory://{uuid.uuid4().hex}"),
+                          state_dir=tmp_path / "state", partitions=1, metrics_port=-1,
+                          shed_after_s=0.0, batch_wait_s=0.05)
+    transport = open_transport(config.transport)
+    await transport.start()
+    topics = Topics()
+    await transport.ensure_topics({topics.samples: 1, topics.events: 1, topics.alerts: 1,
+                                   topics.deadletter: 1})
+    steps = 150
+    data, ts = healthy(steps, 16, seed=3), timestamps(steps)
+    senders = [("rack-1", "node-0"), ("rack-1", "node-1"), ("rack-2", "node-0"),
+               ("rack-2", "node-1")]
+
+    async def send(first: int, last: int, racks: tuple[str, ...]) -> int:
+        n = 0
+        for s in range(first, last, 5):
+            for k, (rack, node) in enumerate(senders):
+                if rack in racks:
+                    f = frame(node, rack, ts[s:s + 5], data[s:s + 5, 4 * k:4 * k + 4],
+                              seq=s // 5)
+                    await transport.send(topics.samples, encode_frame(f),
+                                         key=f.identity.rack_key)
+                    n += 1
+        await transport.flush()
+        return n
+
+    sent = await send(0, 60, ("rack-1", "rack-2"))
+    first = DetectorService(config, transport)
+    await _run_until(first, lambda: first.stats.frames >= sent, timeout=60)
+    assert not first.silence.open
+    # rack 2 loses power while no detector runs; rack 1 goes on
+    sent = await send(60, steps, ("rack-1",))
+    second = DetectorService(config, transport)
+    await _run_until(second, lambda: second.stats.frames >= sent and second.silence.open,
+                     timeout=60)
+    records = [decode_alerts_topic(m.value) for m in await _read_all(transport, topics.alerts)]
+    await transport.close()
+    silent = [r for r in records if isinstance(r, IncidentRecord) and r.cause == "silent"]
+    assert [(i.root, i.level) for i in silent] == [("c1/row-a/rack-2", "rack")]
+
+
+def test_silence_state_round_trips_per_partition_and_refuses_junk() -> None:
+    watch = SilenceWatch(silent_after_s=30)
+    _feed(watch, {"c/r/rack-a/node-0": 8, "c/r/rack-a/node-1": 8}, 0)
+    watch.seen(1, "c/r/rack-b/node-0", T, 4)
+    out = watch.tick({0: T + 40_000, 1: T})
+    assert [(a.entity, a.state.value) for a in out] == [("c/r/rack-a", "firing")]
+    again = SilenceWatch(silent_after_s=30)
+    again.restore(0, watch.state(0))
+    assert sorted(again.nodes) == ["c/r/rack-a/node-0", "c/r/rack-a/node-1"]
+    assert list(again.open.values()) == out  # the open rack alert, not announced twice
+    assert again.tick({0: T + 41_000}) == []
+    watch.drop_partition(0)
+    assert sorted(watch.nodes) == ["c/r/rack-b/node-0"] and not watch.open
+    for junk in (b"{", b'{"version": 2}', b'{"version": 1, "nodes": {"x": 3}, "open": []}'):
+        with pytest.raises(DecodeError):
+            again.restore(0, junk)
 
 
 def test_a_partition_behind_the_others_is_not_silent() -> None:
