@@ -41,11 +41,6 @@ class JsonlAppender:
         self._unwritten: list[bytes] = []
         self._dirty = False
 
-    @property
-    def waiting(self) -> int:
-        """Lines in memory that the disk has not taken yet."""
-        return len(self._unwritten)
-
     def append(self, obj: object) -> None:
         """Write one record as a line now, or keep it for the next try if the disk refuses."""
         self._unwritten.append(orjson.dumps(obj) + b"\n")

@@ -87,8 +87,9 @@ class SilenceWatch:
     def drop_partition(self, partition: int) -> None:
         """The partition moved to another detector instance: its senders are theirs, and so
         are the open alerts of its racks."""
-        racks = {_rack(k) for k, n in self.nodes.items() if n.partition == partition}
-        for name in [k for k, n in self.nodes.items() if n.partition == partition]:
+        mine = [k for k, n in list(self.nodes.items()) if n.partition == partition]
+        racks = {_rack(k) for k in mine}
+        for name in mine:
             del self.nodes[name]
         for key in [k for k in self.open if _rack(k[0]) in racks]:
             del self.open[key]
