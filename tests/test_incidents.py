@@ -58,6 +58,17 @@ def test_catalogue_covers_the_hardware_xids_and_every_rule() -> None:
     assert book.action_for(_alert(_gpu(0, 1), "rule:row_remap_failure", 0)) is Action.REPLACE
 
 
+def test_catalogue_covers_every_code_of_nvidias_xid_catalogue() -> None:
+    """NVIDIA's catalogue (Ampere and newer) lists codes 1-172: none may go missing."""
+    book = ActionBook()
+    assert set(range(1, 173)) <= set(book.xids), sorted(set(range(1, 173)) - set(book.xids))
+    for code, entry in book.xids.items():
+        assert isinstance(entry.action, Action) and entry.meaning.strip(), code
+    codes = [int(line[len("[xid."):-1]) for line in CATALOGUE_PATH.read_text().splitlines()
+             if line.startswith("[xid.")]
+    assert codes == sorted(codes)  # the file stays in numeric order
+
+
 def test_a_bad_catalogue_says_which_entry(tmp_path: pytest.TempPathFactory) -> None:
     bad = tmp_path / "cat.toml"  # type: ignore[operator]
     bad.write_text(CATALOGUE_PATH.read_text().replace('action = "restart_app"',
