@@ -107,7 +107,8 @@ async def test_detector_alert_carries_the_job_to_the_topic_and_alertmanager(
     # alerts tail --job: only that job's alerts (and their incidents)
     out = io.StringIO()
     args = argparse.Namespace(config=None, bootstrap=f"memory://{name}", prefix=None,
-                              json=True, from_beginning=True, idle_exit=0.5, job="J9")
+                              json=True, from_beginning=True, idle_exit=0.5, job="J9",
+                              pages=False)
     assert await _tail(args, out) == 0
     shown = [decode_alerts_topic(line.encode()) for line in out.getvalue().splitlines()]
     assert shown and all(getattr(r, "context", {"job": "J9"}).get("job") == "J9"
