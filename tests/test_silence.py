@@ -90,32 +90,61 @@ def test_a_blank_exporter_is_an_alert_and_an_orderly_stop_none() -> None:
                    ("c/r/rack-a/node-0", "rule:exporter_blank", "resolved", 100)]
 
 
+class _TwoRacks:
+    """A detector's config and memory transport, and two racks of two nodes x 4 GPUs whose
+    frames (5 ticks each, 150 s of healthy data) ``send`` publishes."""
+
+    SENDERS = (("rack-1", "node-0"), ("rack-1", "node-1"), ("rack-2", "node-0"),
+               ("rack-2", "node-1"))
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.config = small_config(
+            transport=TransportConfig(bootstrap=f"memory://{uuid.uuid4().hex}"),
+            state_dir=tmp_path / "state", partitions=1, metrics_port=-1, shed_after_s=0.0,
+            batch_wait_s=0.05)
+        self.transport = open_transport(self.config.transport)
+        self.topics = Topics()
+        self.steps = 150
+        self.data, self.ts = healthy(self.steps, 16, seed=3), timestamps(self.steps)
+
+    async def start(self) -> None:
+        await self.transport.start()
+        t = self.topics
+        await self.transport.ensure_topics({t.samples: 1, t.events: 1, t.alerts: 1,
+                                            t.deadletter: 1})
+
+    async def send(self, first: int, last: int, racks: tuple[str, ...]) -> int:
+        """Frames of steps ``first..last`` of the nodes in ``racks``; how many."""
+        n = 0
+        for s in range(first, last, 5):
+            for k, (rack, node) in enumerate(self.SENDERS):
+                if rack in racks:
+                    f = frame(node, rack, self.ts[s:s + 5],
+                              self.data[s:s + 5, 4 * k:4 * k + 4], seq=s // 5)
+                    await self.transport.send(self.topics.samples, encode_frame(f),
+                                              key=f.identity.rack_key)
+                    n += 1
+        await self.transport.flush()
+        return n
+
+    async def records(self) -> list[AlertRecord | IncidentRecord]:
+        """Everything on the alerts topic; closes the transport."""
+        msgs = await _read_all(self.transport, self.topics.alerts)
+        await self.transport.close()
+        return [decode_alerts_topic(m.value) for m in msgs]
+
+
 async def test_the_service_raises_one_incident_for_a_rack_that_goes_silent(
         tmp_path: Path) -> None:
-    config = small_config(transport=TransportConfig(bootstrap=f"memory://{uuid.uuid4().hex}"),
-                          state_dir=tmp_path / "state", partitions=1, metrics_port=-1,
-                          shed_after_s=0.0, batch_wait_s=0.05)
-    transport = open_transport(config.transport)
-    await transport.start()
-    topics = Topics()
-    await transport.ensure_topics({topics.samples: 1, topics.events: 1, topics.alerts: 1,
-                                   topics.deadletter: 1})
-    steps = 150
-    data, ts = healthy(steps, 16, seed=3), timestamps(steps)
-    for s in range(0, steps, 5):
-        for k, (rack, node) in enumerate([("rack-1", "node-0"), ("rack-1", "node-1"),
-                                          ("rack-2", "node-0"), ("rack-2", "node-1")]):
-            if rack == "rack-2" and s >= 60:
-                continue  # rack 2 loses power at 60 s
-            f = frame(node, rack, ts[s:s + 5], data[s:s + 5, 4 * k:4 * k + 4], seq=s // 5)
-            await transport.send(topics.samples, encode_frame(f), key=f.identity.rack_key)
-    await transport.flush()
-    service = DetectorService(config, transport)
+    fleet = _TwoRacks(tmp_path)
+    await fleet.start()
+    await fleet.send(0, 60, ("rack-1", "rack-2"))
+    await fleet.send(60, fleet.steps, ("rack-1",))  # rack 2 loses power at 60 s
+    service = DetectorService(fleet.config, fleet.transport)
     await _run_until(service, lambda: service.stats.frames >= 30 * 2 + 12 * 2
                      and service.silence.open, timeout=60)
     await asyncio.sleep(0)
-    records = [decode_alerts_topic(m.value) for m in await _read_all(transport, topics.alerts)]
-    await transport.close()
+    records = await fleet.records()
     incidents = {r.id: r for r in records if isinstance(r, IncidentRecord)}
     silent = [i for i in incidents.values() if i.cause == "silent"]
     assert [(i.root, i.level, i.action.value) for i in silent] == [
@@ -129,44 +158,19 @@ async def test_the_service_raises_one_incident_for_a_rack_that_goes_silent(
 
 async def test_a_rack_that_goes_dark_while_the_detector_restarts_is_found_silent(
         tmp_path: Path) -> None:
-    config = small_config(transport=TransportConfig(bootstrap=f"memory://{uuid.uuid4().hex}"),
-                          state_dir=tmp_path / "state", partitions=1, metrics_port=-1,
-                          shed_after_s=0.0, batch_wait_s=0.05)
-    transport = open_transport(config.transport)
-    await transport.start()
-    topics = Topics()
-    await transport.ensure_topics({topics.samples: 1, topics.events: 1, topics.alerts: 1,
-                                   topics.deadletter: 1})
-    steps = 150
-    data, ts = healthy(steps, 16, seed=3), timestamps(steps)
-    senders = [("rack-1", "node-0"), ("rack-1", "node-1"), ("rack-2", "node-0"),
-               ("rack-2", "node-1")]
-
-    async def send(first: int, last: int, racks: tuple[str, ...]) -> int:
-        n = 0
-        for s in range(first, last, 5):
-            for k, (rack, node) in enumerate(senders):
-                if rack in racks:
-                    f = frame(node, rack, ts[s:s + 5], data[s:s + 5, 4 * k:4 * k + 4],
-                              seq=s // 5)
-                    await transport.send(topics.samples, encode_frame(f),
-                                         key=f.identity.rack_key)
-                    n += 1
-        await transport.flush()
-        return n
-
-    sent = await send(0, 60, ("rack-1", "rack-2"))
-    first = DetectorService(config, transport)
+    fleet = _TwoRacks(tmp_path)
+    await fleet.start()
+    sent = await fleet.send(0, 60, ("rack-1", "rack-2"))
+    first = DetectorService(fleet.config, fleet.transport)
     await _run_until(first, lambda: first.stats.frames >= sent, timeout=60)
     assert not first.silence.open
     # rack 2 loses power while no detector runs; rack 1 goes on
-    sent = await send(60, steps, ("rack-1",))
-    second = DetectorService(config, transport)
+    sent = await fleet.send(60, fleet.steps, ("rack-1",))
+    second = DetectorService(fleet.config, fleet.transport)
     await _run_until(second, lambda: second.stats.frames >= sent and second.silence.open,
                      timeout=60)
-    records = [decode_alerts_topic(m.value) for m in await _read_all(transport, topics.alerts)]
-    await transport.close()
-    silent = [r for r in records if isinstance(r, IncidentRecord) and r.cause == "silent"]
+    silent = [r for r in await fleet.records()
+              if isinstance(r, IncidentRecord) and r.cause == "silent"]
     assert [(i.root, i.level) for i in silent] == [("c1/row-a/rack-2", "rack")]
 
 
