@@ -157,6 +157,11 @@ def pages(alerts: list[AlertRecord]) -> list[AlertRecord]:
     return [a for a in alerts if a.severity is not Severity.INFO]
 
 
+def signals(alerts: list[AlertRecord]) -> list[AlertRecord]:
+    """The ``info`` alerts: signals that page nobody (the rest of :func:`pages`)."""
+    return [a for a in alerts if a.severity is Severity.INFO]
+
+
 def episodes_from_alerts(fleet: Fleet, alerts: list[AlertRecord]) -> list[Episode]:
     t0 = float(fleet.ts.min())
     end_s = (float(fleet.ts.max()) - t0) / 1000.0 + 1.0
@@ -333,10 +338,9 @@ def run_methods(fleet: Fleet, config: DetectorConfig, engine: str, *, seed: int,
     paging = pages(alerts)
     cold_start_s = cold_start(config, fleet.hz)
     det = evaluate(fleet, episodes_from_alerts(fleet, paging), cold_start_s)
-    signals = evaluate(fleet, episodes_from_alerts(
-        fleet, [a for a in alerts if a.severity is Severity.INFO]), cold_start_s)
-    det["signals"] = {k: signals[k] for k in ("false_incidents",
-                                              "false_incidents_per_1000_gpu_days")}
+    info = evaluate(fleet, episodes_from_alerts(fleet, signals(alerts)), cold_start_s)
+    det["signals"] = {k: info[k] for k in ("false_incidents",
+                                           "false_incidents_per_1000_gpu_days")}
     if dump_alerts:
         with dump_alerts.open("w") as fh:
             for a in alerts:

@@ -39,9 +39,9 @@ from benchmarks.detection import (
     poisson_upper,
     resolve_engine,
     run_detector,
+    signals,
 )
 from detector.config import DetectorConfig
-from schemas.records import Severity
 
 RESULTS = Path(__file__).parent / "results" / "detection_soak.json"
 
@@ -122,12 +122,11 @@ def run_part(part: int, *, split: str, gpus: int, hours: float, max_hz: float,
     alerts, cpu, _, _ = run_detector(fleet, config, engine)
     cold = cold_start(config, fleet.hz)
     r = evaluate(fleet, episodes_from_alerts(fleet, pages(alerts)), cold)
-    info = [a for a in alerts if a.severity is Severity.INFO]
-    signals = evaluate(fleet, episodes_from_alerts(fleet, info), cold)["false_incidents"]
+    info = evaluate(fleet, episodes_from_alerts(fleet, signals(alerts)), cold)
     return {"part": part, "profile": prof.name, "hz": hz, "gpus": gpus, "hours": hours,
             "gpu_days": r["gpu_days"], "false_incidents": r["false_incidents"],
             "false_episodes_by_source": r["false_episodes_by_source"],
-            "point_fpr": r["point_fpr"], "signals": signals,
+            "point_fpr": r["point_fpr"], "signals": info["false_incidents"],
             "updates_per_s": round(fleet.gpus * fleet.steps / max(cpu, 1e-9), 1),
             "wall_s": round(time.perf_counter() - t0, 1)}
 
