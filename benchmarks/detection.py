@@ -208,6 +208,8 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
         faults.setdefault((lab["kind"], lab["start_s"], lab["end_s"]), []).append(lab["gpu"])
     per_kind: dict[str, list[int]] = {}
     delays: list[float] = []
+    missed: list[dict[str, Any]] = []
+    delays_by_kind: dict[str, list[float]] = {}
     for (kind, start, end), gpus_ in faults.items():
         gpus = np.array(gpus_)
         if not sel[gpus].any():
@@ -217,22 +219,34 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
         per_kind.setdefault(kind, []).append(1 if found else 0)
         if found:
             delays.append(max(0.0, min(found)))
+            delays_by_kind.setdefault(kind, []).append(round(delays[-1], 1))
+        else:
+            lab = next(x for x in fleet.labels if x["kind"] == kind and x["start_s"] == start
+                       and x["end_s"] == end)
+            missed.append({"kind": kind, "gpu": int(gpus[0]), "gpus": len(gpus),
+                           "start_s": start, "end_s": end,
+                           "magnitude": lab.get("magnitude"), "ramp_s": lab.get("ramp_s")})
+    after = step_s >= cold_start_s
+    normal = ~excused & after[None, :] & sel[:, None]
     is_open = np.zeros((g, t), dtype=bool)
     false_eps: list[Episode] = []
+    # Open GPU-steps outside every fault (and its grace) by source: where point FPR comes from.
+    fpr_steps: dict[str, int] = {}
     for e in episodes:
         gsel = e.gpus[sel[e.gpus]]
         if gsel.size == 0:
             continue
         a, b = np.searchsorted(step_s, [e.start_s, e.end_s])
         is_open[np.ix_(gsel, np.arange(a, b))] = True
+        outside = int(normal[np.ix_(gsel, np.arange(a, b))].sum())
+        if outside:
+            fpr_steps[e.source] = fpr_steps.get(e.source, 0) + outside
         if not excused[np.ix_(gsel, np.arange(a, max(b, a + 1)))].any():
             false_eps.append(e)
     false_incidents = len(incidents_of(false_eps, rack))
     false_by_source: dict[str, int] = {}
     for e in false_eps:
         false_by_source[e.source] = false_by_source.get(e.source, 0) + 1
-    after = step_s >= cold_start_s
-    normal = ~excused & after[None, :] & sel[:, None]
     gpu_days = float(sel.sum()) * max(0.0, (t - after.argmax()) / fleet.hz) / 86_400.0
     n_faults = sum(len(v) for v in per_kind.values())
     return {
@@ -251,6 +265,10 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
         "point_fpr": float(f"{is_open[normal].mean() if normal.any() else 0.0:.3g}"),
         "median_delay_s": round(float(np.median(delays)), 1) if delays else None,
         "delays_s": [round(d, 1) for d in sorted(delays)],
+        "delays_by_kind": {k: sorted(v) for k, v in sorted(delays_by_kind.items())},
+        "missed": missed,
+        "normal_steps": int(normal.sum()),
+        "outside_steps_by_source": dict(sorted(fpr_steps.items())),
     }
 
 
@@ -282,12 +300,14 @@ def poisson_upper(k: int, confidence: float = 0.95) -> float:
     """Upper confidence bound of a Poisson mean after ``k`` events (exact, by bisection)."""
     lo, hi = float(k), float(k) + 10.0 + 10.0 * np.sqrt(k + 1.0)
 
+    i = np.arange(k + 1, dtype=np.float64)
+    log_fact = np.cumsum(np.log(np.maximum(i, 1.0)))
+
     def cdf(mu: float) -> float:
-        term = total = float(np.exp(-mu))
-        for i in range(1, k + 1):
-            term *= mu / i
-            total += term
-        return total
+        # In logs: exp(-mu) alone underflows to 0 for mu above ~745 (hundreds of events).
+        log_terms = i * np.log(mu) - mu - log_fact
+        top = float(log_terms.max())
+        return float(np.exp(top) * np.exp(log_terms - top).sum())
 
     for _ in range(100):
         mid = 0.5 * (lo + hi)

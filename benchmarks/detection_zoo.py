@@ -86,6 +86,11 @@ def pool(rows: list[dict[str, Any]]) -> dict[str, Any]:
             by_source[k] = by_source.get(k, 0) + v
     fpr = float(np.average([r["point_fpr"] for r in rows],
                            weights=[max(r["gpu_days"], 1e-9) for r in rows]))
+    outside: dict[str, int] = {}
+    for r in rows:
+        for k, v in r.get("outside_steps_by_source", {}).items():
+            outside[k] = outside.get(k, 0) + v
+    normal = sum(r.get("normal_steps", 0) for r in rows)
     return {
         "faults": faults, "found": found, "recall": round(found / max(faults, 1), 4),
         "recall_per_kind": {k: round(v[0] / v[1], 3) for k, v in sorted(kinds.items())},
@@ -98,6 +103,12 @@ def pool(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "point_fpr": float(f"{fpr:.3g}"),
         "median_delay_s": round(float(np.median(delays)), 1) if delays else None,
         "delays_s": delays,
+        "delays_by_kind": {k: sorted(d for r in rows for d in r.get("delays_by_kind", {})
+                                     .get(k, [])) for k in sorted(kinds)},
+        "missed": [m for r in rows for m in r.get("missed", [])],
+        # Point FPR per source: open GPU-steps outside every fault over all normal GPU-steps.
+        "point_fpr_by_source": {k: float(f"{v / max(normal, 1):.3g}")
+                                for k, v in sorted(outside.items())},
     }
 
 
@@ -169,6 +180,9 @@ def main(argv: list[str], base: argparse.Namespace) -> int:
                    "describe": describe(prof), "labels": len(data.labels),
                    "wall_s": round(time.perf_counter() - t0, 1)}
             row.update({k: v for k, v in res.items() if k in METHOD_NAMES})
+            for m in METHOD_NAMES:
+                for miss in row.get(m, {}).get("missed", []):
+                    miss["profile"] = prof.name
             per_profile.setdefault(split, []).append(row)
             d = res["detector"]
             print(f"[{split}] {prof.name:<26} {describe(prof):<52} recall {d['found']}/"
@@ -189,6 +203,13 @@ def main(argv: list[str], base: argparse.Namespace) -> int:
         print("detector recall per kind: " + "  ".join(
             f"{k}={v:.2f}" for k, v in det["recall_per_kind"].items()))
         print(f"detector false episodes by source: {det['false_episodes_by_source']}")
+        print(f"detector point FPR by source: {det['point_fpr_by_source']}")
+        print("detector delays (s) by kind: " + "  ".join(
+            f"{k}={v}" for k, v in det["delays_by_kind"].items()))
+        for miss in det["missed"]:
+            print(f"  missed {miss['kind']:<16} {miss['profile']:<10} gpu {miss['gpu']:<4} "
+                  f"magnitude {miss['magnitude']} ramp {miss['ramp_s']} s "
+                  f"[{miss['start_s']:.0f}, {miss['end_s']:.0f}) s")
 
     result = {
         "splits": pooled,
