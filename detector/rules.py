@@ -47,15 +47,19 @@ thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's
                              and that far beyond its node peers' median excess when the peers
                              run hot too (an inlet change or a fan curve moves the whole node;
                              peers cooler than their models excuse nothing and accuse nothing),
-                             for ``excess_after_s``: the heat path
+                             for ``excess_after_s`` (a quarter of it at twice the bar; from
+                             half the bar, a lasting excess counts slowly: four times as long
+                             at half): the heat path
                              (paste, fan, pump, airflow) of this GPU degraded, whatever its load.
                              A node with one GPU reading temperature has no peers: its own
                              excess counts; on a node where fewer than three GPUs can be judged
                              yet (their models still learning a new power), none is judged.
 clock_deficit      warning   a busy GPU (``utilization >= 80 %``) runs its SM clock
                              ``deficit_ratio`` or more below the clock it should (its busy node
-                             peers' median, or its own highest) with no clock-event reason bit
-                             set, for ``deficit_after_s`` (a power-cap bit counts only when the
+                             peers' median, or its own highest), or a working one (30 %) three
+                             times that far, with no clock-event reason bit set, for
+                             ``deficit_after_s`` (less, down to a quarter, the deeper the
+                             deficit; a power-cap bit counts only when the
                              power is within 10 % of the limit, or the limit is unknown). The
                              driver reports every reason it lowers clocks for (power cap,
                              thermal, brake, sync); a clock held low with none is a GPU that
@@ -198,8 +202,8 @@ class RuleBook:
     ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
               "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus", "stuck_kmin", "stuck_kmax", "stuck_err",
               "stuck_swung_ms",
-              "run_max_s", "runs_n", "excess_since_ms", "excess_err", "excess_kplaus",
-              "deficit_since_ms",
+              "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
+              "deficit_evidence_s",
               "burst")
 
     def __init__(self, params: RuleParams) -> None:
@@ -236,16 +240,18 @@ class RuleBook:
         over a day) ..."""
         self.runs_n = np.zeros((0, DWELL_BINS))
         """... and how many runs ended in each band."""
-        self.excess_since_ms = np.zeros(0, dtype=np.int64)
-        """Since when the GPU has run hotter than its thermal model (0: it does not)."""
+        self.excess_evidence_s = np.zeros(0)
+        """Seconds of evidence that the GPU runs hotter than its thermal model, weighted by
+        how far (0: it does not)."""
         self.excess_err = np.zeros(0)
         """The thermal model's error while the GPU was not running hot: the bar's yardstick
         (a fault teaches the model to err, so its error during one is no measure)."""
         self.excess_kplaus = np.zeros((0, len(TAUS_S)), dtype=bool)
         """The lags plausible while the GPU last ran as its model predicts (none yet: those
         plausible now)."""
-        self.deficit_since_ms = np.zeros(0, dtype=np.int64)
-        """Since when the GPU has run below its reference clock with no reason (0: not)."""
+        self.deficit_evidence_s = np.zeros(0)
+        """Seconds of evidence that the GPU runs below its reference clock with no reason,
+        weighted by how deep (0: it does not)."""
         self.burst = np.zeros((0, 2))
         """Exponentially weighted corrected-ECC and link error counts."""
 
@@ -399,11 +405,18 @@ class RuleBook:
         # Every lag's excess is given exactly where the chosen lag's is (``finite``).
         excess = np.where(finite, np.fmin.reduce(lag_excess, axis=1), np.nan)
         bar = np.maximum(p.excess_c, 4.0 * self.excess_err[ids])
-        hot = finite & (excess >= bar)
-        since = self.excess_since_ms[ids]
-        since = np.where(hot, np.where(since > 0, since, ts_ms), 0)
-        self.excess_since_ms[ids] = since
-        cond[:, 6] = hot & (ts_ms - since >= p.excess_after_s * 1000)
+        # Evidence in seconds, weighted by the square of the excess over the bar: at the bar
+        # it takes ``excess_after_s``, at twice the bar a quarter of that; from half the bar
+        # a lasting excess builds evidence slowly (at half, four times as long), which is
+        # how a heat path that degrades by a few degrees shows itself; below half the bar
+        # the evidence starts over. The first step of an excess counts no time yet.
+        ratio = np.where(finite, excess / bar, 0.0)
+        warm = ratio >= 0.5
+        before = self.excess_evidence_s[ids]
+        evidence = np.where(warm, np.where(before > 0, before + np.minimum(ratio, 2.0) ** 2
+                                           * dt_s, 1e-9), 0.0)
+        self.excess_evidence_s[ids] = evidence
+        cond[:, 6] = warm & (evidence >= p.excess_after_s)
         val[:, 6] = np.where(finite, excess, 0.0)
         # A busy GPU clocked below where it should run, with no reason reported.
         util = row[:, COL["utilization_ratio"]]
@@ -417,13 +430,27 @@ class RuleBook:
         reasons = ib & ~0x1 & ~np.where(capped, 0, 0x4)
         # Where the reasons are not exported at all (dcgm-exporter's default fields), no
         # reason is known either.
-        low = (np.isfinite(util) & (util >= 0.8) & np.isfinite(clock) & np.isfinite(ref)
-               & (ref > 0) & (clock <= (1.0 - p.deficit_ratio) * ref) & (reasons == 0))
-        since = self.deficit_since_ms[ids]
-        since = np.where(low, np.where(since > 0, since, ts_ms), 0)
-        self.deficit_since_ms[ids] = since
-        cond[:, 7] = low & (ts_ms - since >= p.deficit_after_s * 1000)
-        val[:, 7] = np.where(low, 1.0 - clock / np.where(ref > 0, ref, 1.0), 0.0)
+        known = np.isfinite(util) & np.isfinite(clock) & np.isfinite(ref) & (ref > 0)
+        deficit = np.where(known, 1.0 - clock / np.where(ref > 0, ref, 1.0), 0.0)
+        # The SM clock is set by the power, thermal and brake governors, not by how busy the
+        # GPU is: a GPU running kernels a third of the time still runs its boost clock
+        # between them. So a deep deficit (three times the ratio) counts from 30 %
+        # utilisation, a shallow one only when busy (a GPU that rarely works may be sampled
+        # in a lower clock state between kernels).
+        low = known & (reasons == 0) & (
+            ((util >= 0.8) & (deficit >= p.deficit_ratio))
+            | ((util >= 0.3) & (deficit >= 3.0 * p.deficit_ratio)))
+        # Evidence, in seconds, grows faster the deeper the deficit (a clock at half its
+        # peers' is no borderline case): twice the ratio takes ``deficit_after_s``, more
+        # takes proportionally less, never under a quarter of it; a step without the
+        # deficit starts over.
+        # The first step of a deficit counts no time yet (a tiny mark says it began).
+        rate = np.clip(deficit / (2.0 * p.deficit_ratio), 1.0, 4.0)
+        before = self.deficit_evidence_s[ids]
+        evidence = np.where(low, np.where(before > 0, before + rate * dt_s, 1e-9), 0.0)
+        self.deficit_evidence_s[ids] = evidence
+        cond[:, 7] = low & (evidence >= p.deficit_after_s)
+        val[:, 7] = np.where(low, deficit, 0.0)
         # Error bursts: exponentially weighted counts over seconds of event time.
         keep = np.exp(-dt_s / p.burst_window_s)
         counts = np.stack([inc[:, 0], inc[:, 2:6].sum(axis=1)], axis=1)

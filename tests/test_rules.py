@@ -183,6 +183,29 @@ def test_clock_deficit_finds_a_busy_gpu_slow_for_no_reason_but_not_a_capped_or_i
                        ("firing", "rule:clock_deficit", "node-1/gpu-0", 360)], deficit
 
 
+def test_clock_deficit_judges_a_working_gpu_only_on_a_deep_deficit_and_sooner_the_deeper() -> None:
+    shard, ids, nodes = _shard()
+    data = healthy(600, 8, seed=6)
+    clock, bits, util = COL["sm_clock_hertz"], COL["clock_event_reasons"], COL["utilization_ratio"]
+    data[240:, :, util] = 0.95
+    data[240:, :, clock] = 1.98e9
+    data[240:, :, bits] = 0.0  # a dcgm-exporter subset: no reasons at all
+    # GPU 1 works half the time and its clock halves (a power brake nobody reports): deep,
+    # so found, and sooner than a shallow deficit's 60 s.
+    data[300:, 1, util] = 0.5
+    data[300:, 1, clock] = 1.98e9 * 0.5
+    # GPU 2 works half the time 9 % below its peers: shallow, and not busy: not judged.
+    data[300:, 2, util] = 0.5
+    data[300:, 2, clock] = 1.98e9 * 0.91
+    # GPU 5 barely works (20 %) at half clock: a lower clock state between kernels.
+    data[300:, 5, util] = 0.2
+    data[300:, 5, clock] = 1.98e9 * 0.5
+    got = _rule_alerts(shard.process(ids, nodes, timestamps(600), data))
+    deficit = [g for g in got if g[1] == "rule:clock_deficit"]
+    assert [g[2] for g in deficit] == ["node-0/gpu-1"], deficit
+    assert 310 <= deficit[0][3] < 340, deficit
+
+
 def test_a_sensor_that_always_flickers_is_stuck_when_it_holds_while_its_model_wanders() -> None:
     from detector.config import RulesConfig
 
