@@ -49,6 +49,13 @@ seen; the daily inlet swing it lags behind is shared by a node's GPUs, so the ru
 compare against the node as well."""
 _SELECT_MEMORY_S: Final = 600.0
 """Memory of the residual variance that picks the candidate lag."""
+_SCALE_MEMORY_S: Final = 7200.0
+"""Memory of the model's usual error (the band's and the rules' yardstick): two hours,
+longer than the slowest fault ramp (30 minutes). With ten minutes, a die heating a degree
+every two minutes raised the usual error as fast as the residual grew, so the ramp never
+left the band, was learned at full weight and lifted the yardstick of the rule meant to
+find it (a +9 degC hot-idle ramp over 20 minutes: error 0.45 -> 3.9 degC, half the ramp
+absorbed)."""
 _BAND_SCALES: Final = 4.0
 _BAND_MIN_C: Final = 2.5
 """A reading more than ``max(_BAND_MIN_C, _BAND_SCALES * mean absolute error)`` off the
@@ -127,8 +134,8 @@ def _thermal_step(ids, temp, power, ts_ms, taus, last_ms, n, ema, mx, my, vxx, v
             a *= _OUTLIER_WEIGHT
             a_sel *= _OUTLIER_WEIGHT
         else:
-            scale[g] += max(1.0 / (n[g] + 1.0), dt / _SELECT_MEMORY_S) * (abs(r_best)
-                                                                          - scale[g])
+            scale[g] += max(1.0 / (n[g] + 1.0), dt / _SCALE_MEMORY_S) * (abs(r_best)
+                                                                         - scale[g])
         top = 0
         for k in range(k_taus):
             r = t - preds[k]
