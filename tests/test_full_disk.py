@@ -33,9 +33,9 @@ from test_aggregator_support import make_fleet, stored_points
 
 from agent.spool import Spool
 from aggregator.config import AggregatorConfig
-from aggregator.rack_stage import RackStage
 from aggregator.remote_write import RemoteWriteConfig, RemoteWriter
 from aggregator.series_index import EntityIndex
+from aggregator.series_layout import series_ids
 from aggregator.service import AggregatorService
 from aggregator.store import SeriesStore, StoreConfig, StoreWriteError
 from aggregator.store.segment import scan_segment
@@ -285,38 +285,35 @@ def test_store_compaction_refused_by_a_nearly_full_disk_keeps_the_flush_durable(
 def test_remote_write_queue_on_a_full_disk_keeps_its_points_until_it_has_room(
         small_disk, tmp_path: Path) -> None:
     """The remote-write queue is written from inside the store's append (a full batch):
-    on a full disk that raised a raw OSError through the rack stage. The points wait in
-    memory now, the durability cycle's seal says StoreWriteError, and with space every
-    point is queued once."""
+    on a full disk that raised a raw OSError out of append(), through the rack stage. The
+    points wait in memory now, the durability cycle's seal says StoreWriteError, and with
+    space every point is queued, once."""
     disk = small_disk(1 << 20)
-    fl = make_fleet(n_racks=2, nodes_per_rack=2, gpus=4, seconds=240, partitions=2)
-    queued = []
-    for where in (tmp_path / "ref", disk.path):
-        store = SeriesStore(StoreConfig(path=str(where / "store"), fsync=False))
-        index = EntityIndex(where / "entities.jsonl")
-        cfg = RemoteWriteConfig(url="http://127.0.0.1:9/api/v1/write",
-                                series=("rack:10s", "node:10s", "gpu:10s"), batch_samples=500)
-        writer = RemoteWriter(cfg, store, index, where / "queue")
-        store.on_append = writer.offer
-        stage = RackStage(store, index, topic="t.samples", lateness_ms=5000)
-        try:
-            if where == disk.path:
-                disk.fill(keep=0)
-                stage.process(fl.messages)  # raised OSError(28) out of a full batch's seal
-                with pytest.raises(StoreWriteError):
-                    writer.seal()
-                assert writer.stats.pending_samples > 0
-                disk.release()
-            else:
-                stage.process(fl.messages)
+    store = SeriesStore(StoreConfig(path=str(tmp_path / "store"), fsync=False))
+    index = EntityIndex(tmp_path / "entities.jsonl")
+    eids = [index.add(("gpu", "c1", "r1", "k1", "n0", str(g))) for g in range(16)]
+    sids = series_ids(eids, [1, 2], "max").ravel()
+    cfg = RemoteWriteConfig(url="http://127.0.0.1:9/api/v1/write", series=("gpu:10s",),
+                            batch_samples=500)
+    writer = RemoteWriter(cfg, store, index, disk.path / "queue")
+    store.on_append = writer.offer
+    t0 = 1_767_225_600_000
+    try:
+        disk.fill(keep=0)
+        for i in range(10):  # 6,400 points, a full batch every few appends
+            ts = t0 + 10_000 * np.arange(i * 20, i * 20 + 20, dtype=np.int64)
+            store.append("10s", sids, ts, np.full((20, sids.size), float(i)))
+        with pytest.raises(StoreWriteError):
             writer.seal()
-            assert writer.stats.pending_samples == 0
-            queued.append(writer.stats.queued_samples)
-        finally:
-            writer.close()
-            index.close()
-            store.close()
-    assert queued[0] > 1000 and queued[1] == queued[0]
+        assert writer.stats.pending_samples == 6400 and writer.stats.queued_samples == 0
+        disk.release()
+        writer.seal()
+        assert writer.stats.pending_samples == 0 and writer.stats.queued_samples == 6400
+        assert writer.queue.stats.pending_frames == -(-6400 // 500)
+    finally:
+        writer.close()
+        index.close()
+        store.close()
 
 
 @pytest.mark.kafka
