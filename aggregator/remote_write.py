@@ -45,7 +45,7 @@ from agent.spool import Spool
 from aggregator import prom_wire
 from aggregator.series_index import EntityIndex
 from aggregator.series_layout import AGG_CODES, AGG_NAMES, AGG_SLOTS, ENTITY_STRIDE, LEVELS
-from aggregator.store import SeriesStore
+from aggregator.store import SeriesStore, StoreWriteError
 from fleetpulse.config import ConfigError
 from schemas.catalog import BY_ID
 
@@ -166,12 +166,16 @@ class RemoteWriter:
             self.stats.pending_samples += n
             full = self.stats.pending_samples >= self.cfg.batch_samples
         if full:
-            self.seal()
+            # a refused queue write keeps the points in memory; the cycle retries, says so
+            with contextlib.suppress(StoreWriteError):
+                self.seal()
 
     def seal(self) -> None:
         """(Store thread) everything offered so far into the on-disk queue, durable.
 
-        The service calls it before each checkpoint: what was committed is queued.
+        The service calls it before each checkpoint: what was committed is queued. A disk
+        that refuses the queue's write loses nothing: what did not go in waits in memory
+        for the next call, and StoreWriteError tells the cycle not to commit.
         """
         with self._lock:
             pending, self.stats.pending = self.stats.pending, []
@@ -190,7 +194,15 @@ class RemoteWriter:
                                 tier[a:a + step])
             n = min(step, sids.size - a)
             with self._lock:
-                self.queue.append(_COUNT.pack(n), body)
+                try:
+                    self.queue.append(_COUNT.pack(n), body)
+                except OSError as exc:
+                    for t in np.unique(tier[a:]).tolist():
+                        m = np.flatnonzero(tier[a:] == t) + a
+                        self.stats.pending.append((sids[m], ts[m], vals[m], int(t)))
+                    self.stats.pending_samples += sids.size - a
+                    raise StoreWriteError(f"cannot write the remote-write queue: "
+                                          f"{exc.strerror or exc}") from exc
                 self.stats.queued_samples += n
         if self._loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed: nothing to wake

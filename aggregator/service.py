@@ -54,7 +54,7 @@ from aggregator.rack_stage import RackStage
 from aggregator.remote_write import RemoteWriteCollector, RemoteWriter
 from aggregator.row_stage import RowStage
 from aggregator.series_index import EntityIndex
-from aggregator.store import SeriesStore, StoreConfig
+from aggregator.store import SeriesStore, StoreConfig, StoreWriteError
 from aggregator.window_kernel import warm_up
 from aggregator.workload_query import WorkloadQuery
 from fleetpulse.atomic_file import atomic_write
@@ -103,8 +103,14 @@ class _FolderStates:
         return {tp: path.read_bytes() for tp, path in paths.items() if path.exists()}
 
     async def save(self, states: Mapping[TopicPartition, bytes]) -> None:
+        """Every state written (old file or new, never half); StoreWriteError while the
+        disk refuses (the cycle then commits nothing: see ``disk_health``)."""
         for tp, data in states.items():
-            await asyncio.to_thread(atomic_write, self._path(tp), data)
+            try:
+                await asyncio.to_thread(atomic_write, self._path(tp), data)
+            except OSError as exc:
+                raise StoreWriteError(f"cannot write {self._path(tp)}: "
+                                      f"{exc.strerror or exc}") from exc
 
 
 class _Loop:
@@ -350,11 +356,15 @@ class AggregatorService:
         await self.transport.close()
         if self.fleet is not None:
             self.fleet.close()
-        await self.in_store(self.index.close)
-        await self.in_store(self.table.close)
-        await self.in_store(self.store.close)
+        closing = [self.index.close, self.table.close, self.store.close]
         if self.remote_write is not None:
-            await self.in_store(self.remote_write.close)
+            closing.append(self.remote_write.close)
+        for close in closing:
+            try:
+                await self.in_store(close)
+            except StoreWriteError as exc:  # a full disk at shutdown
+                log.error("%s; what was not written is after the last committed offset and "
+                          "is read again from Kafka at the next start", exc)
         self._store_thread.shutdown(wait=True)
 
     async def _consume(self, loop: _Loop) -> None:
@@ -411,23 +421,36 @@ class AggregatorService:
         # holding a batch) can have revoked some, and their state is gone from the stage.
         # A revocation after this point is queued on the store thread behind this cycle.
         parts = sorted(p for p in wanted if p in loop.owned)
-        offsets, states = await self.in_store(self._flush_and_checkpoint, loop,
-                                              parts if loop.consumer is not None else [])
+        done = await self.in_store(self._flush_and_checkpoint, loop,
+                                   parts if loop.consumer is not None else [])
+        if done is None:  # the disk refused: nothing checkpointed, nothing committed
+            return
+        offsets, states = done
         if offsets and loop.consumer is not None:
-            await loop.changelog.save(states)
+            what = f"{loop.name} partition states"
+            try:
+                await loop.changelog.save(states)
+            except StoreWriteError as exc:  # a state folder on a full disk
+                self.disk.refused(what, exc)
+                return
+            self.disk.took(what)
             await loop.consumer.commit_checkpointed(offsets)
 
     def _flush_and_checkpoint(self, loop: _Loop, parts: list[int]
-                              ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, bytes]]:
-        """(Store thread) step 2 and the checkpoints of step 3: index and store durable,
-        then each partition's checkpoint (resume offsets, serialised checkpoints).
+                              ) -> tuple[dict[TopicPartition, int],
+                                         dict[TopicPartition, bytes]] | None:
+        """(Store thread) step 2 and the checkpoints of step 3: attribution table, index
+        and store durable, the remote-write queue sealed (what is committed is in it), then
+        each partition's checkpoint (resume offsets, serialised checkpoints).
 
-        Nothing is checkpointed (and so nothing committed) when the disk refused the flush
-        (see ``disk_health``)."""
-        if not self.disk.flush(self.index, self.store, (self.table,)):
-            return {}, {}
+        None, and nothing checkpointed (so nothing committed), when the disk refused a
+        write (see ``disk_health``)."""
+        writes = {"attribution table": self.table.flush, "entity index": self.index.flush,
+                  "store": self.store.flush}
         if self.remote_write is not None:
-            self.remote_write.seal()  # what is committed below is in its queue
+            writes["remote-write queue"] = self.remote_write.seal
+        if not self.disk.flush(writes):
+            return None
         offsets: dict[TopicPartition, int] = {}
         states: dict[TopicPartition, bytes] = {}
         for p in parts:

@@ -66,6 +66,9 @@ class AgentOutcome:
     spool_dropped: float = 0.0
     lost: float = 0.0
     rejected: float = 0.0
+    rejected_why: list[str] = field(default_factory=list)
+    """The agent's log lines for frames the broker rejected for good (the first few): a
+    rejected frame is lost outside the drop policy, so its cause must be on record."""
     missing_ranges: list[tuple[int, int]] = field(default_factory=list)
     """Runs of missing seqs, [first, last]: the drop policy deletes whole old segments."""
     spool_peak_bytes: float = 0.0
@@ -83,8 +86,9 @@ class AgentOutcome:
 
     @property
     def exact(self) -> bool:
-        """Every seq once, in order, and no frame missing that was not counted."""
-        return (self.duplicates == 0 and self.out_of_order == 0
+        """Every seq once, in order, none rejected, and no frame missing that was not
+        counted as the drop policy's (or the spool's disk's)."""
+        return (self.duplicates == 0 and self.out_of_order == 0 and self.rejected == 0
                 and self.counted_but_delivered >= 0)
 
 
@@ -259,7 +263,10 @@ def run_outage(bootstrap: str, stop_broker: Callable[[], None],
         for a in agents:
             outcome[a.spec.node].exit_code = a.stop()
     for a in agents:
-        outcome[a.spec.node].log_says_full = "SPOOL FULL" in a.log.read_text(errors="replace")
+        text = a.log.read_text(errors="replace")
+        outcome[a.spec.node].log_says_full = "SPOOL FULL" in text
+        outcome[a.spec.node].rejected_why = [
+            line for line in text.splitlines() if "rejected a frame for good" in line][:5]
     records = asyncio.run(_read_topic(bootstrap, Topics(prefix).samples))
     by_node: dict[str, list[tuple[int, int, int, str]]] = {}
     for part, off, value in records:

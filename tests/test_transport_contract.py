@@ -11,6 +11,8 @@ a Kafka rebalance completes only when every member comes back to ``getmany``.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -32,6 +34,7 @@ from fleetpulse.transport import (
     TransportError,
     open_transport,
 )
+from fleetpulse.transport.kafka import KafkaTransport
 from schemas import NodeIdentity, SampleFrame, Topics, decode_frame, encode_frame
 from schemas.catalog import BY_ID
 
@@ -460,8 +463,6 @@ def test_kafka_lz4_batches_compress_fast_and_stay_standard() -> None:
     from aiokafka import codec
     from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-    from fleetpulse.transport.kafka import KafkaTransport
-
     KafkaTransport(TransportConfig(bootstrap="127.0.0.1:9", compression="lz4"))
     frames = [encode_frame(make_frame(seq)) for seq in range(100)]
     data = b"".join(frames)
@@ -642,3 +643,68 @@ async def test_broker_restart_while_producing_loses_no_acked_record(
         assert len(values) == len(set(values)), "idempotent producer wrote duplicates"
     finally:
         await asyncio.wait_for(t.close(), timeout=30)
+
+
+@pytest.mark.kafka
+async def test_a_send_whose_producer_is_retired_under_it_is_retriable(
+    kafka_broker_factory: Callable[[], KafkaBroker], unique_prefix: str
+) -> None:
+    """The frame the 10-minute outage benchmark once lost as "rejected for good".
+
+    A send waits for room in a full batch (the broker is frozen: nothing drains); meanwhile
+    another failure retires the producer, and when the batch finally drains the waiting send
+    finds its producer closed. aiokafka says ProducerClosed, non-retriable, and the agent
+    drops a frame on that; it must be retriable, and the record must go through when re-sent.
+    """
+    broker = kafka_broker_factory()
+    pid = int((broker.state_dir / "broker.pid").read_text().strip())
+    topic = f"{unique_prefix}.retired"
+    t = KafkaTransport(TransportConfig(bootstrap=broker.bootstrap, client_id=unique_prefix,
+                                       request_timeout_ms=20_000), max_batch_size=16_384)
+    await t.start()
+    try:
+        await t.ensure_topics({topic: 1})
+        await t.send_and_wait(topic, b"warm", key=b"k")
+        sent: list[asyncio.Future[RecordMeta]] = []
+        values = [bytes([i]) * 4000 for i in range(12)]  # 3 fill the 16 KiB batch
+        errors: dict[int, TransportError] = {}
+
+        async def fill() -> None:
+            for i, v in enumerate(values):
+                try:
+                    sent.append(await t.send(topic, v, key=b"k"))
+                except TransportError as exc:
+                    errors[i] = exc
+                    return
+
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            filler = asyncio.create_task(fill())
+            deadline = time.monotonic() + 10
+            while len(sent) < 3:  # the 4th waits for room
+                assert time.monotonic() < deadline and not filler.done(), errors
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)
+            assert not filler.done(), "the send did not wait for room in the batch"
+            # Any failed send retires the producer; a record larger than the broker takes is
+            # one (non-retriable: the record itself is bad).
+            with pytest.raises(TransportError) as too_big:
+                await t.send(topic, b"x" * (2 << 20), key=b"k")
+            assert not too_big.value.retriable
+            retire = asyncio.create_task(t.send(topic, b"next", key=b"k"))  # retires it
+            await asyncio.sleep(0.5)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await asyncio.wait_for(filler, 60)
+        assert list(errors) == [len(sent)], (list(errors), len(sent))
+        err = errors[len(sent)]
+        assert err.retriable, f"a send that found its producer retired is not retriable: {err}"
+        # what the agent does next: send it again, on the fresh producer
+        await asyncio.wait_for(t.send_and_wait(topic, values[len(sent)], key=b"k"), 60)
+        await asyncio.wait_for(retire, 60)
+        c = t.consumer([topic], f"{unique_prefix}.retired.reader")
+        ends = await c.end_offsets([(topic, 0)])
+        got = [m.value for m in await read_until(c, lambda ms: len(ms) >= ends[(topic, 0)])]
+        assert values[len(sent)] in got
+    finally:
+        await asyncio.wait_for(t.close(), timeout=60)

@@ -23,11 +23,14 @@ samples, then orders by time and keeps the last write per timestamp.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import itertools
+import logging
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -51,6 +54,8 @@ from aggregator.store.segment import (
     segment_name,
     write_file_header,
 )
+
+log = logging.getLogger("fleetpulse.aggregator.store")
 
 __all__ = ["DEFAULT_TIERS", "ReadResult", "SeriesStore", "StoreConfig", "StoreError", "TierSpec"]
 
@@ -124,6 +129,9 @@ class StoreConfig:
     compaction of finished segments and retention, both by event time."""
     grace_ms: int = 120_000
     """How long after its end a segment still expects late samples before it is compacted."""
+    maintain_retry_s: float = 60.0
+    """After the disk refused a compaction (a segment rewrite needs the segment's size
+    free), how long flush() waits before it tries again; the data itself is durable."""
 
     def validate(self) -> None:
         if not self.tiers:
@@ -211,10 +219,6 @@ class _HeadGroup:
         self.ts, self.values = ts, values
 
 
-_MAX_DEFERRED: Final = 16
-"""A chunk whose seal the disk refused may grow to this many chunks' worth in memory."""
-
-
 class StoreWriteError(StoreError, OSError):
     """The disk refused a write (full, quota, read-only). Nothing torn stays behind: the
     file was cut back to its last whole record, and the data is still in memory, so the
@@ -254,6 +258,13 @@ class SeriesStore:
         self._newest: dict[str, int] = {}
         """Per tier, the newest timestamp appended since open: the clock of maintain()."""
         self._maintained: dict[str, int] = {}
+        self._unsealed: dict[str, list[_HeadGroup]] = {t.name: [] for t in config.tiers}
+        """Per tier, chunks whose seal the disk refused, detached from the head: read like
+        the head, written (oldest first) before anything else the next time."""
+        self._maintain_after = 0.0
+        """monotonic() before which flush() does not retry a refused compaction."""
+        self.maintain_errors = 0
+        """Compactions the disk refused (retried after ``maintain_retry_s``)."""
         self.before_write: Callable[[], None] | None = None
         """Called before each record is written; may raise StoreWriteError to refuse it (the
         entity index, while a line of its own waits for the disk: see
@@ -262,9 +273,9 @@ class SeriesStore:
         """Called with (tier, series_ids, ts, values[T, k]) after every append: how
         :mod:`aggregator.remote_write` sees each point the store takes, re-derived ones too."""
         self.truncated_bytes = 0
-        self.deferred_seals = 0
-        """Full chunks kept open because the disk refused their write (see _seal)."""
         """Bytes of torn tails cut off while opening (0 after a clean shutdown)."""
+        self.deferred_seals = 0
+        """Chunks detached to wait in memory because the disk refused their seal (_seal)."""
         try:
             for spec in config.tiers:
                 self._open_tier(spec)
@@ -359,13 +370,12 @@ class SeriesStore:
         for a, b in itertools.pairwise(bounds):
             seg = int(seg_of[a])
             if group.n and group.seg_start != seg:
-                self._seal(tier, spec, group)
+                self._seal(tier, spec, group, may_defer=True)
             group.seg_start = seg
             i = a
             while i < b:
-                if group.n == group.ts.size:  # past cap only while a seal is deferred
-                    size = group.ts.size
-                    group.grow(min(cap, 2 * size) if size < cap else 2 * size)
+                if group.n == group.ts.size:
+                    group.grow(min(cap, 2 * group.ts.size))
                 m = min(group.ts.size - group.n, b - i)
                 group.ts[group.n:group.n + m] = t[i:i + m]
                 group.values[group.n:group.n + m] = v[i:i + m]
@@ -381,19 +391,40 @@ class SeriesStore:
 
     def _seal(self, tier: str, spec: TierSpec, group: _HeadGroup, *,
               may_defer: bool = False) -> None:
-        """Write the open chunk as one sealed record. A full chunk whose write the disk
-        refuses stays open in memory (``may_defer``) and is sealed at a later append, up to
-        ``_MAX_DEFERRED`` chunks' worth; a chunk that must close at a segment boundary
-        cannot wait, and its error goes up (the aggregator restarts; Kafka replays)."""
+        """Write the open chunk as one sealed record (after any chunk still waiting).
+
+        When the disk refuses and the seal comes from an append (``may_defer``: the chunk
+        is full, or its segment ended), the chunk is detached whole into ``_unsealed`` and
+        the group goes on with a new one: an append never fails for a full disk (the
+        consumer loop must not die of it), the samples stay readable, and the next flush
+        writes them first or raises StoreWriteError, so nothing is committed meanwhile.
+        Memory grows with what arrives while the disk is full; the aggregator shows it
+        (``store_writable`` 0) and Kafka keeps everything after the last commit.
+        """
         if group.n:
             try:
+                self._write_unsealed()
                 self._write(tier, spec, group, KIND_SEALED, 0, group.n)
             except StoreWriteError:
-                if not may_defer or group.n >= _MAX_DEFERRED * self._chunk(spec):
+                if not may_defer:
                     raise
                 self.deferred_seals += 1
-                return
+                self._unsealed[tier].append(_HeadGroup(
+                    group.gid, group.ids, group.ts, group.values, group.seg_start, group.n,
+                    group.flushed))
+                rows = min(_HEAD_ROWS, self._chunk(spec))
+                group.ts, group.values = np.empty(rows, np.int64), np.empty((rows,
+                                                                             group.ids.size))
         group.n = group.flushed = 0
+
+    def _write_unsealed(self) -> None:
+        """Seal the chunks that waited for the disk, oldest first (StoreWriteError if it
+        still refuses; what was written is off the list)."""
+        for tier, waiting in self._unsealed.items():
+            while waiting:
+                g = waiting[0]
+                self._write(tier, self.tiers[tier], g, KIND_SEALED, 0, g.n)
+                waiting.pop(0)
 
     def _write(self, tier: str, spec: TierSpec, group: _HeadGroup, kind: int, a: int,
                b: int) -> None:
@@ -446,12 +477,29 @@ class SeriesStore:
                 if newest is None:
                     continue
                 epoch = (newest - self.config.grace_ms) // spec.segment_ms
-                if self._maintained.get(tier) != epoch:
-                    self._maintained[tier] = epoch
-                    self._compact_tier(tier, newest - self.config.grace_ms)
-                    self._retain_tier(tier, newest)
+                if self._maintained.get(tier) != epoch and \
+                        time.monotonic() >= self._maintain_after:
+                    if self._try_compact(tier, newest - self.config.grace_ms):
+                        self._maintained[tier] = epoch
+                    self._retain_tier(tier, newest)  # frees space: even if compaction failed
+
+    def _try_compact(self, tier: str, now_ms: int) -> bool:
+        """Compact ``tier``; False if the disk refused (the data is durable already: the
+        flush goes on, the compaction is retried after ``maintain_retry_s``)."""
+        try:
+            self._compact_tier(tier, now_ms)
+        except StoreWriteError as exc:
+            self.maintain_errors += 1
+            self._maintain_after = time.monotonic() + self.config.maintain_retry_s
+            if self.maintain_errors == 1 or self.maintain_errors % 100 == 0:
+                log.error("compacting tier %s: %s; the data is durable, compaction is "
+                          "retried in %.0f s (%d refused so far)", tier, exc,
+                          self.config.maintain_retry_s, self.maintain_errors)
+            return False
+        return True
 
     def _flush_data(self) -> None:
+        self._write_unsealed()
         for tier, head in self._head.items():
             spec = self.tiers[tier]
             for group in head.values():
@@ -518,6 +566,11 @@ class SeriesStore:
                     rec_w.append(widx)
                     rec_c.append(cols)
             pieces.add_records(buf, spans, rec_w, rec_c)
+        for waiting in self._unsealed[tier]:  # older than the head's chunk of its group
+            if waiting.gid in by_gid:
+                widx, cols = by_gid[waiting.gid]
+                pieces.add(widx, waiting.ts[:waiting.n].copy(),
+                           waiting.values[:waiting.n][:, cols])
         head = self._head[tier]
         for g, (widx, cols) in by_gid.items():
             grp = head.get(g)
@@ -602,6 +655,8 @@ class SeriesStore:
         for g in self._head[tier].values():
             if g.n and g.seg_start + spec.segment_ms <= horizon:
                 g.n = g.flushed = 0
+        self._unsealed[tier] = [g for g in self._unsealed[tier]
+                                if g.seg_start + spec.segment_ms > horizon]
         if deleted and self.config.fsync:
             for d in self._dirty_dirs:
                 fsync_dir(d)
@@ -629,7 +684,7 @@ class SeriesStore:
                 self._rewrite(tier, seg)
                 rewritten += 1
             else:
-                save_index(_index_path(seg.path), seg.size, seg.records, self._groups[tier])
+                self._save_index(tier, seg)
             seg.indexed = True
         return rewritten
 
@@ -642,7 +697,8 @@ class SeriesStore:
         seg.close_writer()
         tmp = seg.path.with_suffix(".tmp")
         new = RecordIndex()
-        with open(seg.path, "rb") as src, open(tmp, "wb") as dst:
+        with _refused_as_store_write_error(tmp), open(seg.path, "rb") as src, \
+                open(tmp, "wb") as dst:
             dst.write(write_file_header(seg.start_ms, seg.span_ms))
             offset = FILE_HEADER.size
             for i in keep:
@@ -658,7 +714,12 @@ class SeriesStore:
         fsync_dir(seg.path.parent)
         seg.records = new
         seg.size = offset
-        save_index(_index_path(seg.path), offset, new, self._groups[tier])
+        self._save_index(tier, seg)
+
+    def _save_index(self, tier: str, seg: _Segment) -> None:
+        idx = _index_path(seg.path)
+        with _refused_as_store_write_error(idx.with_suffix(".idx.tmp")):
+            save_index(idx, seg.size, seg.records, self._groups[tier])
 
     def disk_bytes(self, tier: str | None = None) -> int:
         """Bytes of segment files (all tiers, or one)."""
@@ -669,15 +730,17 @@ class SeriesStore:
         """Seal every open chunk, flush, and release the directory lock."""
         if self._closed:
             return
-        for tier, head in self._head.items():
-            for g in head.values():
-                self._seal(tier, self.tiers[tier], g)
-        self._flush_data()
-        for segs in self._segments.values():
-            for seg in segs.values():
-                seg.close_writer()
-        os.close(self._lock_fd)
-        self._closed = True
+        try:  # a full disk raises StoreWriteError here; the files and the lock are let go
+            for tier, head in self._head.items():
+                for g in head.values():
+                    self._seal(tier, self.tiers[tier], g)
+            self._flush_data()
+        finally:
+            for segs in self._segments.values():
+                for seg in segs.values():
+                    seg.close_writer()
+            os.close(self._lock_fd)
+            self._closed = True
 
     def __enter__(self) -> SeriesStore:
         return self
@@ -692,6 +755,19 @@ class SeriesStore:
 
 def _index_path(segment: Path) -> Path:
     return segment.with_suffix(".idx")
+
+
+@contextlib.contextmanager
+def _refused_as_store_write_error(tmp: Path) -> Iterator[None]:
+    """A whole-file rewrite through ``tmp`` that the disk refused: ``tmp`` removed (it
+    holds the space the disk lacks), StoreWriteError raised; the original file stands."""
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, StoreWriteError):
+            raise
+        tmp.unlink(missing_ok=True)
+        raise StoreWriteError(f"cannot write {tmp}: {exc.strerror or exc}") from exc
 
 
 class _Pieces:

@@ -37,8 +37,12 @@ from aiokafka.errors import (
     KafkaTimeoutError,
     KafkaUnavailableError,
     NoBrokersAvailable,
+    OutOfOrderSequenceNumber,
+    ProducerClosed,
+    ProducerFenced,
     RequestTimedOutError,
     TopicAlreadyExistsError,
+    UnknownProducerId,
 )
 from aiokafka.helpers import create_ssl_context
 from aiokafka.structs import RecordMetadata
@@ -121,8 +125,16 @@ _UNREACHABLE = (
 )
 
 
+# Errors about the producer, never about the record: a send that was handed a producer
+# that another task then retired (ProducerClosed: the record waited for room in a full batch
+# while the broker was away, then found the producer closed), or whose producer id the
+# broker no longer accepts. aiokafka marks them non-retriable, and the agent drops a frame
+# on a non-retriable error; yet the next send gets a fresh producer that takes the record.
+_PRODUCER_GONE = (ProducerClosed, OutOfOrderSequenceNumber, UnknownProducerId, ProducerFenced)
+
+
 def _is_retriable(exc: BaseException) -> bool:
-    if isinstance(exc, _UNREACHABLE):
+    if isinstance(exc, _UNREACHABLE + _PRODUCER_GONE):
         return True
     if isinstance(exc, CommitFailedError | IllegalStateError):
         return False
@@ -398,7 +410,9 @@ class KafkaTransport(Transport):
             await asyncio.wait_for(producer.start(), self._timeout_s)
         except Exception as exc:  # includes TimeoutError
             await self._retire(producer)
-            raise _error(f"cannot reach Kafka at {cfg.bootstrap}", exc) from exc
+            # Retriable whatever aiokafka says: no producer says nothing about the record.
+            raise TransportError(f"cannot reach Kafka at {cfg.bootstrap}: "
+                                 f"{type(exc).__name__}: {exc}") from exc
         return producer
 
     async def _current_producer(self) -> AIOKafkaProducer:
