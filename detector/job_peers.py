@@ -203,8 +203,16 @@ class JobPeers:
               groups: npt.NDArray[np.int64], settling: npt.NDArray[np.bool_], ts: int
               ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
         """The test against any peer groups (the benchmark passes nodes to compare)."""
+        ratio = peer_ratio(util, groups, self.params.busy)
+        opened, resolved = self.hold(ids, ratio, util, settling, ts)
+        return opened, resolved, ratio
+
+    def hold(self, ids: npt.NDArray[np.int64], ratio: npt.NDArray[np.float64],
+             util: npt.NDArray[np.float64], settling: npt.NDArray[np.bool_], ts: int
+             ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Advance the hold and the open alerts on this step's ratios (rows opened,
+        resolved)."""
         p = self.params
-        ratio = peer_ratio(util, groups, p.busy)
         low = (ratio <= p.below_ratio) & (util >= p.floor) & ~settling
         since = self.since_ms[ids]
         since = np.where(low, np.where(since > 0, since, ts), 0)
@@ -215,7 +223,7 @@ class JobPeers:
         opens = cond & ~was
         resolves = was & ~cond & (ts - self.last_ms[ids] >= p.hold_s * 1000)
         self.open[ids] = (was & ~resolves) | opens
-        return np.flatnonzero(opens), np.flatnonzero(resolves), ratio
+        return np.flatnonzero(opens), np.flatnonzero(resolves)
 
     def job_name(self, gid: int) -> str | None:
         j = int(self.job_of[gid])

@@ -4,20 +4,35 @@ survives a checkpoint; the service's workload maps feed it."""
 
 from __future__ import annotations
 
+import uuid
+from pathlib import Path
+
 import numpy as np
 import numpy.typing as npt
 import pytest
-from test_detector_support import T0_MS, healthy, small_config, timestamps
+from test_detector_service import _config, _read_all, _run_until
+from test_detector_support import T0_MS, frame, healthy, small_config, timestamps
 
 import detector.shard as shard_module
 from detector.checkpoint import restore_shard, shard_bytes
 from detector.features import COL
 from detector.job_peers import SOURCE, JobPeerParams, JobPeers, peer_ratio
+from detector.service import DetectorService
 from detector.shard import DetectorShard
 from detector.workloads import WorkloadMap
+from fleetpulse.transport import open_transport
 from schemas.attribution import Attachment
+from schemas.frame import encode_frame
 from schemas.identity import NodeIdentity
-from schemas.records import AlertRecord, AlertState, EventKind, EventRecord, Severity
+from schemas.records import (
+    AlertRecord,
+    AlertState,
+    EventKind,
+    EventRecord,
+    Severity,
+    decode_alerts_topic,
+)
+from schemas.topics import Topics
 
 RACK = "c1/row-a/rack-1"
 NODES, PER_NODE = 4, 4
@@ -205,3 +220,42 @@ def test_peer_ratio_needs_four_readings_and_a_busy_median() -> None:
     r = peer_ratio(util, groups, busy=0.5)
     np.testing.assert_allclose(r[:4], util[:4] / 0.9)
     assert np.isnan(r[4:]).all()  # group 1: three readings; group 2: an idle median
+
+
+async def test_the_service_learns_jobs_from_attribution_events_and_pages_the_straggler(
+        tmp_path: Path) -> None:
+    name = f"det-jobs-{uuid.uuid4().hex}"
+    config = _config(tmp_path, name)
+    transport = open_transport(config.transport)  # type: ignore[attr-defined]
+    await transport.start()
+    topics = Topics()
+    await transport.ensure_topics({topics.samples: 2, topics.events: 2, topics.alerts: 2,
+                                   topics.deadletter: 1})
+    for n in range(NODES):  # job A: GPU 0 of every node, attached an hour before the data
+        ident = NodeIdentity("c1", "row-a", "rack-1", f"node-{n}")
+        att = Attachment(f"GPU-node-{n}-0", "job-a", {"job": "job-a"}, T0_MS - 3_600_000)
+        ev = EventRecord(EventKind.ATTRIBUTION, ident, f"node-{n}.1", att.from_ms, 0,
+                         att.uuid, att.to_data())
+        await transport.send_and_wait(topics.events, ev.to_bytes(), key=ev.key)
+    util = _cross_node_job(steps=320)
+    data = _gathered(util)
+    ts = timestamps(len(util))
+    for s in range(0, len(util), 5):
+        for n in range(NODES):
+            f = frame(f"node-{n}", "rack-1", ts[s:s + 5],
+                      data[s:s + 5, PER_NODE * n:PER_NODE * (n + 1)], seq=s // 5)
+            await transport.send(topics.samples, encode_frame(f), key=f.identity.rack_key)
+    await transport.flush()
+    service = DetectorService(config, transport)  # type: ignore[arg-type]
+
+    async def alerts() -> list[AlertRecord]:
+        return [r for r in (decode_alerts_topic(m.value)
+                            for m in await _read_all(transport, topics.alerts))
+                if isinstance(r, AlertRecord) and r.source == SOURCE]
+
+    await _run_until(service, lambda: service.stats.frames >= len(util) // 5 * NODES,
+                     timeout=180)
+    got = await alerts()
+    await transport.close()
+    assert [(a.entity, a.state, a.context["job"]) for a in got] == [
+        (f"{RACK}/node-2/gpu-0", AlertState.FIRING, "job-a")]
