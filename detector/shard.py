@@ -412,8 +412,8 @@ class DetectorShard:
                 f"utilisation at {ratio[r]:.0%} of its job's GPUs (straggler?)",
                 float(ratio[r]), below, ts,
                 (Attribution("fleetpulse_gpu_utilization_ratio", "low", 1.0),),
-                {"uuid": self.gpu_uuid[gid], "job": self.jobs.job_name(gid),
-                 "utilization_ratio": float(util[r])}))
+                # the job and its labels are added where alerts are named (tag_alerts)
+                {"uuid": self.gpu_uuid[gid], "utilization_ratio": float(util[r])}))
         for r in resolved.tolist():
             score = float(ratio[r]) if np.isfinite(ratio[r]) else 0.0
             out.append(self._resolve(self.gpu_paths[int(ids[r])], JOB_STRAGGLER, ts, score))

@@ -112,8 +112,8 @@ def test_a_cross_node_straggler_is_found_with_job_peers_and_not_by_node_peers() 
     assert [(e, s) for e, s, _ in pages] == [("node-2/gpu-0", SOURCE)], pages
     assert 200 + 60 <= pages[0][2] <= 200 + 62
     fired = next(a for a in alerts if a.source == SOURCE)
-    assert fired.context["job"] == "job-a"
     assert fired.severity is Severity.WARNING
+    assert shard.jobs.job_name(8) == "job-a"
 
 
 def test_a_job_start_is_a_known_regime_change_for_the_straggler_test() -> None:
@@ -233,7 +233,7 @@ async def test_the_service_learns_jobs_from_attribution_events_and_pages_the_str
                                    topics.deadletter: 1})
     for n in range(NODES):  # job A: GPU 0 of every node, attached an hour before the data
         ident = NodeIdentity("c1", "row-a", "rack-1", f"node-{n}")
-        att = Attachment(f"GPU-node-{n}-0", "job-a", {"job": "job-a"}, T0_MS - 3_600_000)
+        att = Attachment(f"GPU-node-{n}-0", "job-a", {"namespace": "ml"}, T0_MS - 3_600_000)
         ev = EventRecord(EventKind.ATTRIBUTION, ident, f"node-{n}.1", att.from_ms, 0,
                          att.uuid, att.to_data())
         await transport.send_and_wait(topics.events, ev.to_bytes(), key=ev.key)
@@ -257,5 +257,6 @@ async def test_the_service_learns_jobs_from_attribution_events_and_pages_the_str
                      timeout=180)
     got = await alerts()
     await transport.close()
-    assert [(a.entity, a.state, a.context["job"]) for a in got] == [
-        (f"{RACK}/node-2/gpu-0", AlertState.FIRING, "job-a")]
+    # named like every GPU alert: the job and its labels (tag_alerts)
+    assert [(a.entity, a.state, a.context["job"], a.context["namespace"]) for a in got] == [
+        (f"{RACK}/node-2/gpu-0", AlertState.FIRING, "job-a", "ml")]
