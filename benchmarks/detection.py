@@ -1,6 +1,7 @@
 """Detection quality and speed of the detector on a fleet with labelled faults.
 
     python -m benchmarks.detection [--npz FILE --labels FILE] [--gpus G --duration S] --json
+    python -m benchmarks.detection --job-peers   # stragglers: job peers beside node peers
 
 Without ``--npz`` it generates the synthetic fleet (``agent.fleet``; default 256 GPUs in
 8 racks for 1 h at 1 Hz with 16 faults, every kind twice: 256 GPU-hours, 0.92 M GPU-steps,
@@ -432,6 +433,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zoo", action="store_true",
                         help="the fleet zoo: tuning and held-out profiles, reported apart "
                         "(benchmarks.detection_zoo; see --zoo-* there)")
+    parser.add_argument("--job-peers", action="store_true",
+                        help="stragglers with job peers beside node peers, on fleets whose "
+                        "load follows jobs (benchmarks.detection_jobs; see its options)")
     parser.add_argument("--gpus", type=int, default=256)
     parser.add_argument("--duration", type=float, default=3600.0, help="seconds")
     parser.add_argument("--hz", type=float, default=1.0)
@@ -457,6 +461,11 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.detection_zoo import main as zoo_main
 
         return zoo_main(rest, args)
+    if args.job_peers:
+        from benchmarks.detection_jobs import main as jobs_main
+
+        return jobs_main(rest + ["--json"] * args.json
+                         + (["--out", str(args.out)] if args.out else []))
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
 

@@ -13,7 +13,8 @@ Format: an ``.npz`` (``allow_pickle=False``) holding
   alert records, counters);
 - the state arrays of every component under their dotted names (``fold.*``: each GPU's
   open step, ``tick_counters``: the rules' previous counters; both absent from checkpoints
-  written before steps were folded, which then restart those clocks);
+  written before steps were folded, which then restart those clocks; ``jobs.*``: each GPU's
+  job and straggler state, ``detector.job_peers``, absent before it, which starts jobless);
 - ``gpu_blobs`` / ``gpu_blob_ends`` and ``rack_blobs`` / ``rack_blob_ends``: the engine's
   per-model checkpoint bytes, concatenated, with end offsets.
 """
@@ -74,6 +75,7 @@ def shard_bytes(shard: DetectorShard, offsets: dict[str, int]) -> bytes:
     arrays["tick_counters"] = shard.tick_counters
     arrays.update(shard.gpu_bank.state_arrays("gpu"))
     arrays.update(shard.rules.state_arrays())
+    arrays.update(shard.jobs.state_arrays())
     arrays.update(shard.rack_windows.state_arrays())
     arrays.update(shard.rack_heat.state_arrays())
     arrays.update(shard.rack_bank.state_arrays("rack"))
@@ -142,6 +144,7 @@ def restore_shard(shard: DetectorShard, data: bytes) -> dict[str, int]:
     shard.skipped_steps = int(meta.get("skipped_steps", 0))
     shard.gpu_bank.load_arrays(arrays, "gpu", n)
     shard.rules.load_arrays(arrays)
+    shard.jobs.load_arrays(arrays, n)
     shard.rack_windows.load_arrays(arrays)
     shard.rack_heat.load_arrays(arrays)
     shard.rack_windows.late = int(meta["late"])

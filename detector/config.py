@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from detector.episodes import EpisodeParams
+from detector.job_peers import JobPeerParams
 from detector.rules import RuleParams
 from detector.thresholds import ThresholdParams
 from fleetpulse.config import ConfigError, TransportConfig
@@ -216,6 +217,40 @@ class RulesConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class JobPeersConfig:
+    """GPUs judged against their job's GPUs, and job starts and ends as known changes of
+    regime (``detector.job_peers``; jobs come from the ``attribution`` events)."""
+
+    enabled: bool = True
+    """Off: jobs only name alerts, as before."""
+    below_ratio: float = 0.7
+    """A GPU at this fraction or less of its job's median utilisation ... (chosen on the
+    tuning seeds of ``benchmarks.detection_jobs``)"""
+    busy: float = 0.5
+    """... while that median is at least this (an idle job sets no pace) ..."""
+    after_s: float = 60.0
+    """... this long is a straggler (``rule:job_straggler``)."""
+    settle_s: float = 120.0
+    """After a GPU's job attached or detached, or its job gained or lost a GPU, this long it
+    is settling: no straggler test, and its forest anomalies do not count."""
+    hold_s: float = 30.0
+    """A straggler alert resolves after this long clear."""
+    floor: float = 0.0
+    """A GPU's own utilisation must be at least this to be judged (0: a rank stalled at 0 %
+    in a busy job is a straggler too)."""
+
+    def params(self) -> JobPeerParams:
+        return JobPeerParams(self.enabled, self.below_ratio, self.busy, self.after_s,
+                             self.settle_s, self.hold_s, self.floor)
+
+    def validate(self) -> None:
+        if not 0.0 < self.below_ratio < 1.0 or not 0.0 <= self.busy <= 1.0:
+            raise ConfigError("job_peers: below_ratio in (0, 1) and busy in [0, 1] required")
+        if min(self.after_s, self.settle_s, self.hold_s) < 0:
+            raise ConfigError("job_peers: after_s, settle_s and hold_s must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
 class WebhookConfig:
     """Optional Alertmanager receiver."""
 
@@ -317,6 +352,8 @@ class DetectorConfig:
     """Hysteresis."""
     rules: RulesConfig = field(default_factory=RulesConfig)
     """Health rules."""
+    job_peers: JobPeersConfig = field(default_factory=JobPeersConfig)
+    """A GPU against its job's GPUs; job starts and ends as known changes."""
     webhook: WebhookConfig = field(default_factory=WebhookConfig)
     """Alertmanager."""
     remediation: RemediationConfig = field(default_factory=RemediationConfig)

@@ -60,6 +60,7 @@ from fleetpulse.transport import (
     TopicPartition,
     Transport,
 )
+from schemas.attribution import Attachment
 from schemas.errors import DecodeError
 from schemas.frame import SampleFrame, decode_frame
 from schemas.records import (
@@ -220,6 +221,8 @@ class DetectorService:
         self.event_shards: dict[int, EventShard] = {}
         self.workload_maps: dict[int, WorkloadMap] = {}
         """Per events partition: the workload on each GPU, named in its alerts."""
+        self._workloads_version = 0
+        """Attribution events folded so far: a shard re-reads its GPUs' jobs when it moved."""
         self.next_offset: dict[TopicPartition, int] = {}
         """Per partition: the next offset whose message the state does not cover yet."""
         self.suppress: set[tuple[str, str]] = set()
@@ -460,6 +463,7 @@ class DetectorService:
             self.stats.events += 1
             try:
                 if self.workload_maps.setdefault(msg.partition, WorkloadMap()).observe(event):
+                    self._workloads_version += 1
                     return []
             except DecodeError as exc:
                 await self._dead_letter(msg, _reason("attribution event", exc))
@@ -536,6 +540,8 @@ class DetectorService:
                     # tick t is stamped <= t + step_ms, and the next one later than that.
                     end = int(block.ts_ms[-1]) + step_ms + 1
                     shed_before = end if shed_before is None else max(shed_before, end)
+        if cfg.job_peers.enabled:  # after registering the chunk's GPUs
+            shard.jobs.sync(shard.gpu_paths, self._spans, self._workloads_version)
         steps, skipped = shard.gpu_steps, shard.skipped_steps
         out = shard.process_blocks(blocks, shed_before_ms=shed_before)
         self.next_offset[(self.topics.samples, p)] = chunk[-1][0] + 1
@@ -767,6 +773,14 @@ class DetectorService:
         except DecodeError as exc:
             log.error("partition %d: %s; its senders count as expected from their next "
                       "frame", p, exc)
+
+    def _spans(self, path: str) -> list[Attachment]:
+        """A GPU's attachments, oldest first, from whichever events partition holds them."""
+        for m in self.workload_maps.values():
+            spans = m.gpus.get(path)
+            if spans:
+                return spans
+        return []
 
     def _workloads_key(self, p: int) -> TopicPartition:
         """The changelog key of events partition ``p``'s workload map (it moves with it)."""

@@ -25,6 +25,8 @@ from detector.config import DetectorConfig
 from detector.engines import EngineConfig, ScoreBatch, make_engine
 from detector.episodes import EpisodeParams
 from detector.features import COL, COUNTER_COLS, FEATURES, GATHERED, FeatureState
+from detector.job_peers import SOURCE as JOB_STRAGGLER
+from detector.job_peers import JobPeers
 from detector.model_bank import ModelBank
 from detector.rack_heat import RackHeat
 from detector.rack_windows import RACK_FEATURES, RACK_WEIGHTS, RackWindows
@@ -98,6 +100,8 @@ class DetectorShard:
         self.skipped_steps = 0
         """GPU model steps shed because the detector was behind."""
         self.rules = RuleBook(config.rules.params())
+        self.jobs = JobPeers(config.job_peers.params())
+        """Each GPU's job: its peers, and its starts and ends (``detector.job_peers``)."""
         rc = config.rack
         self.rack_engine_config = EngineConfig(
             dims=len(RACK_FEATURES), shingle=rc.shingle, trees=rc.trees,
@@ -169,6 +173,7 @@ class DetectorShard:
         self.node_of = np.concatenate([self.node_of,
                                        np.zeros(n - len(self.node_of), dtype=np.int64)])
         self.rules.ensure(n)
+        self.jobs.ensure(n)
         r = len(self.rack_paths)
         self.rack_bank.ensure(r)
         self.rack_windows.ensure(r)
@@ -335,7 +340,7 @@ class DetectorShard:
                 vids, feats[vi], ts,
                 lambda a, b, th: self._node_veto(
                     vids, nodes[vi], feats[vi], _health_led(a, b),
-                    b.scores >= _ELEVATED * th, ts))
+                    b.scores >= _ELEVATED * th, ts) & ~self.jobs.settling(vids, ts))
             batch, thr = res.batch, res.thresholds
             scores = batch.scores
             for r in res.opened:
@@ -355,7 +360,10 @@ class DetectorShard:
             trace.scores.append(s)
             trace.thresholds.append(th)
             trace.open.append(self.gpu_bank.episodes.open[trace_ids]
-                              | self.rules.open[trace_ids].any(axis=1))
+                              | self.rules.open[trace_ids].any(axis=1)
+                              | self.jobs.open[trace_ids])
+        if self.jobs.active and len(vi) and not shed:
+            out.extend(self._job_peer_step(vids, row[vi], ts))
 
         # Rack windows -> rack forest.
         if self.config.rack.enabled and len(vi):
@@ -389,6 +397,27 @@ class DetectorShard:
         shared = ((hits >= 2) & (hits >= ac.node_veto * size))[inv]
         apart = (np.abs(feats[:, _UTIL_VS_NODE]) >= 6.0) | (np.abs(feats[:, _POWER_VS_NODE]) >= 6.0)
         return anomalous & ~(shared & ~apart)
+
+    def _job_peer_step(self, ids: npt.NDArray[np.int64], row: npt.NDArray[np.float64],
+                       ts: int) -> list[AlertRecord]:
+        """GPUs against their job's GPUs of this step (``detector.job_peers``)."""
+        util = row[:, COL["utilization_ratio"]]
+        opened, resolved, ratio = self.jobs.step(ids, util, ts)
+        out: list[AlertRecord] = []
+        below = self.config.job_peers.below_ratio
+        for r in opened.tolist():
+            gid = int(ids[r])
+            out.append(self._fire(
+                self.gpu_paths[gid], "gpu", JOB_STRAGGLER, Severity.WARNING,
+                f"utilisation at {ratio[r]:.0%} of its job's GPUs (straggler?)",
+                float(ratio[r]), below, ts,
+                (Attribution("fleetpulse_gpu_utilization_ratio", "low", 1.0),),
+                # the job and its labels are added where alerts are named (tag_alerts)
+                {"uuid": self.gpu_uuid[gid], "utilization_ratio": float(util[r])}))
+        for r in resolved.tolist():
+            score = float(ratio[r]) if np.isfinite(ratio[r]) else 0.0
+            out.append(self._resolve(self.gpu_paths[int(ids[r])], JOB_STRAGGLER, ts, score))
+        return out
 
     def _rack_step(self, racks: npt.NDArray[np.int64], starts: npt.NDArray[np.int64],
                    means: npt.NDArray[np.float32]) -> list[AlertRecord]:

@@ -180,12 +180,15 @@ class DemoConfig:
 def demo_detector_config() -> DetectorConfig:
     """The detector as the demo runs it: the fast engine, a short cold start (a demo lasts
     minutes of simulated time, not hours) and no periodic checkpoints (the state is thrown
-    away at exit)."""
+    away at exit). Jobs name alerts but are not peers (``job_peers.enabled`` off): the
+    synthetic fleet's load follows its nodes' workload phases, not its jobs, so a job's GPUs
+    there do not run alike (``benchmarks.detection_jobs`` builds fleets whose load does)."""
     base = DetectorConfig()
     return dataclasses.replace(
         base, checkpoint_interval_s=1e9,
         model=dataclasses.replace(base.model, engine="numba", warmup=120),
         rack=dataclasses.replace(base.rack, warmup=12),
+        job_peers=dataclasses.replace(base.job_peers, enabled=False),
     )
 
 

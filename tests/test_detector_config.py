@@ -24,7 +24,7 @@ def test_sample_config_lists_every_field() -> None:
     data = tomllib.loads(SAMPLE.read_text())
     default = DetectorConfig()
     missing = [f.name for f in dataclasses.fields(DetectorConfig) if f.name not in data]
-    for table in ("model", "rack", "alerts", "rules", "webhook"):
+    for table in ("model", "rack", "alerts", "rules", "job_peers", "webhook"):
         missing += [f"{table}.{f.name}" for f in dataclasses.fields(getattr(default, table))
                     if f.name not in data[table]]
     assert not missing
