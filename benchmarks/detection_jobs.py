@@ -282,16 +282,10 @@ class Score:
             "false_incidents": self.false,
             "false_per_1000_gpu_days": round(self.false_per_1000, 2),
             "false_per_1000_gpu_days_upper95": round(
-                1000.0 * false_upper(self.false) / self.gpu_days, 2),
+                1000.0 * poisson_upper(self.false) / self.gpu_days, 2),
             "gpu_days": round(self.gpu_days, 1),
             "median_delay_s": round(float(np.median(self.delays)), 1) if self.delays else None,
         }
-
-
-def false_upper(k: int) -> float:
-    """95 % upper bound of a Poisson count: exact while ``poisson_upper``'s terms stay in
-    floating range (its ``exp(-mu)`` underflows past ~700), a normal bound beyond."""
-    return float(poisson_upper(k)) if k < 500 else k + 1.645 * float(np.sqrt(k)) + 1.0
 
 
 def score(sc: Scenario, episodes: list[tuple[int, float, float]]) -> Score:
