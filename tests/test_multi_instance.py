@@ -283,6 +283,24 @@ def _every_point(query: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], li
     return out
 
 
+HEATMAP = 'fleetpulse_gpu_temperature_celsius{level="gpu"}'
+"""The web page's whole-fleet heatmap (one instant query): every GPU's newest 10 s window,
+or with ``resolution=raw`` its newest sample."""
+
+
+def _heatmap(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, str]]:
+    """The heatmap's two queries at the run's end, as one instance's query API answers."""
+    out = {}
+    for tier in ("10s", "raw"):
+        data = _get(port, "/api/v1/query", {
+            "query": HEATMAP, "time": str((START_MS + STEPS * 1000 + 20_000) / 1000),
+            **({"resolution": tier} if tier == "raw" else {})})
+        assert data["status"] == "success", data
+        for s in data["data"]["result"]:
+            out[(tier, tuple(sorted(s["metric"].items())))] = tuple(s["value"])
+    return out
+
+
 PROM_READS = {**{t: (t, '{__name__=~"fleetpulse_.+", agg=~".+"}', 0) for t in TIERS},
               "raw samples": ("raw", '{__name__=~"fleetpulse_.+", agg="raw"}', TIERS["raw"])}
 """name -> (tier, selector, earlier) of each read through Prometheus: every series of every
@@ -421,6 +439,8 @@ async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_insta
         ref_port = ref_svc.port
         want = await asyncio.to_thread(_every_point, lambda q: _get(ref_port,
                                                                    "/api/v1/query_range", q))
+        heat_got = await asyncio.to_thread(_heatmap, ports[0])
+        heat_want = await asyncio.to_thread(_heatmap, ref_port)
         prom_s = time.monotonic()
         prom_got = await _through_prometheus(tmp_path, ports)
         prom_s = time.monotonic() - prom_s
@@ -447,6 +467,8 @@ async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_insta
     assert got.keys() == want.keys(), (len(got), len(want), sorted(want.keys() - got.keys())[:3])
     bad = [k for k in want if got[k] != want[k]]
     assert not bad, (len(bad), bad[:2], got[bad[0]][:4], want[bad[0]][:4])
+    assert len(heat_want) == 2 * RACKS * GPUS and heat_got == heat_want, (
+        len(heat_got), len(heat_want), sorted(heat_got.items() ^ heat_want.items())[:2])
     prom_want = _chosen(want)
     prom_points = Counter({read: 0 for read in PROM_READS})
     for (tier, _), values in prom_want.items():
