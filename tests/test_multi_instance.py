@@ -43,8 +43,10 @@ from test_detector_support import frame, healthy, read_alerts
 
 from aggregator.config import AggregatorConfig
 from aggregator.service import AggregatorService
+from detector.config import DetectorConfig
 from detector.features import COL
 from detector.service import LAG_SOURCE
+from detector.service import warm_up as warm_up_detector
 from fleetpulse.config import TransportConfig
 from fleetpulse.transport import Transport, open_transport
 from schemas.frame import encode_frame
@@ -390,9 +392,13 @@ async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_insta
     ref_task: asyncio.Task[None] | None = None
     stop_errors: list[str] = []
     try:
+        # The numba kernels compiled once, here, into numba's cache before five processes
+        # start: on a fresh checkout five concurrent cold compiles on a busy 2-core machine
+        # outlasted the join timeout (and a process in its warm-up cannot act on SIGTERM).
+        await asyncio.to_thread(warm_up_detector, DetectorConfig())
+        await ref_svc.start()  # the aggregator's kernels
         for p in everyone:
             p.start()
-        await ref_svc.start()
         ref_task = asyncio.create_task(ref_svc.run())
 
         async def all_joined() -> bool:
