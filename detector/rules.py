@@ -47,9 +47,7 @@ thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's
                              and that far beyond its node peers' median excess when the peers
                              run hot too (an inlet change or a fan curve moves the whole node;
                              peers cooler than their models excuse nothing and accuse nothing),
-                             for ``excess_after_s`` (a quarter of it at twice the bar; from
-                             half the bar, a lasting excess counts slowly: four times as long
-                             at half): the heat path
+                             for ``excess_after_s``: the heat path
                              (paste, fan, pump, airflow) of this GPU degraded, whatever its load.
                              A node with one GPU reading temperature has no peers: its own
                              excess counts; on a node where fewer than three GPUs can be judged
@@ -202,7 +200,7 @@ class RuleBook:
     ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
               "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus", "stuck_kmin", "stuck_kmax", "stuck_err",
               "stuck_swung_ms",
-              "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
+              "run_max_s", "runs_n", "excess_since_ms", "excess_err", "excess_kplaus",
               "deficit_evidence_s",
               "burst")
 
@@ -240,9 +238,8 @@ class RuleBook:
         over a day) ..."""
         self.runs_n = np.zeros((0, DWELL_BINS))
         """... and how many runs ended in each band."""
-        self.excess_evidence_s = np.zeros(0)
-        """Seconds of evidence that the GPU runs hotter than its thermal model, weighted by
-        how far (0: it does not)."""
+        self.excess_since_ms = np.zeros(0, dtype=np.int64)
+        """Since when the GPU has run hotter than its thermal model (0: it does not)."""
         self.excess_err = np.zeros(0)
         """The thermal model's error while the GPU was not running hot: the bar's yardstick
         (a fault teaches the model to err, so its error during one is no measure)."""
@@ -405,18 +402,11 @@ class RuleBook:
         # Every lag's excess is given exactly where the chosen lag's is (``finite``).
         excess = np.where(finite, np.fmin.reduce(lag_excess, axis=1), np.nan)
         bar = np.maximum(p.excess_c, 4.0 * self.excess_err[ids])
-        # Evidence in seconds, weighted by the square of the excess over the bar: at the bar
-        # it takes ``excess_after_s``, at twice the bar a quarter of that; from half the bar
-        # a lasting excess builds evidence slowly (at half, four times as long), which is
-        # how a heat path that degrades by a few degrees shows itself; below half the bar
-        # the evidence starts over. The first step of an excess counts no time yet.
-        ratio = np.where(finite, excess / bar, 0.0)
-        warm = ratio >= 0.5
-        before = self.excess_evidence_s[ids]
-        evidence = np.where(warm, np.where(before > 0, before + np.minimum(ratio, 2.0) ** 2
-                                           * dt_s, 1e-9), 0.0)
-        self.excess_evidence_s[ids] = evidence
-        cond[:, 6] = warm & (evidence >= p.excess_after_s)
+        hot = finite & (excess >= bar)
+        since = self.excess_since_ms[ids]
+        since = np.where(hot, np.where(since > 0, since, ts_ms), 0)
+        self.excess_since_ms[ids] = since
+        cond[:, 6] = hot & (ts_ms - since >= p.excess_after_s * 1000)
         val[:, 6] = np.where(finite, excess, 0.0)
         # A busy GPU clocked below where it should run, with no reason reported.
         util = row[:, COL["utilization_ratio"]]
