@@ -25,7 +25,8 @@ CONFIG = ROOT / "deploy" / "alertmanager.yml"
 BINARY = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 needs_alertmanager = pytest.mark.skipif(
-    BINARY is None, reason="needs Debian prometheus-alertmanager (scripts/test.sh installs it)")
+    BINARY is None, reason="needs Debian prometheus-alertmanager (scripts/test.sh installs it)",
+    installed_by_test_command=True)
 
 
 def free_port() -> int:

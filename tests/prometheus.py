@@ -28,7 +28,8 @@ PROMTOOL = shutil.which("promtool")
 
 needs_prometheus = pytest.mark.skipif(
     BINARY is None or PROMTOOL is None,
-    reason="needs Debian prometheus (promtool too; scripts/test.sh installs it)")
+    reason="needs Debian prometheus (promtool too; scripts/test.sh installs it)",
+    installed_by_test_command=True)
 
 
 def config(remote_reads: Sequence[str], scrape: Mapping[str, Sequence[str]] | None = None,

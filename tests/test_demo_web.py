@@ -32,6 +32,7 @@ pytestmark = [
     pytest.mark.skipif(
         CHROMIUM is None or CHROMEDRIVER is None,
         reason="needs Debian chromium and chromium-driver (scripts/test.sh installs them)",
+        installed_by_test_command=True,
     ),
     pytest.mark.timeout(600),  # the first test also waits for the demo to come up
 ]

@@ -44,6 +44,7 @@ CHROMEDRIVER = shutil.which("chromedriver")
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None,
     reason="needs Debian chromium and chromium-driver (scripts/test.sh installs them)",
+    installed_by_test_command=True,
 )
 
 STEP_S = 10

@@ -23,7 +23,8 @@ from alertmanager import free_port
 BINARY = shutil.which("victoria-metrics")
 
 needs_victoria = pytest.mark.skipif(
-    BINARY is None, reason="needs Debian victoria-metrics (scripts/test.sh installs it)")
+    BINARY is None, reason="needs Debian victoria-metrics (scripts/test.sh installs it)",
+    installed_by_test_command=True)
 
 
 class VictoriaMetrics:
