@@ -235,6 +235,40 @@ def test_series_ids_in_records_round_trip_compactly(ids: np.ndarray) -> None:
     assert len(raw) <= 8 * ids.size + 8
 
 
+def test_compaction_rewrites_sealed_chunks_entropy_coded(tmp_path: Path) -> None:
+    from aggregator.store import codec
+    from aggregator.store.segment import decode_record_body
+
+    ids = np.arange(10, 14, dtype=np.int64)
+    ts, vals = _group(0, 2 * 3600, 4, 12)  # noisy readings: where the rANS stage wins
+
+    def tags_and_bytes(seg: Path) -> tuple[set[int], int]:
+        _, _, recs = scan_segment(seg, truncate=False)
+        data = seg.read_bytes()
+        tags: set[int] = set()
+        for r in recs:
+            _, blob = decode_record_body(data[r.offset + 12:r.offset + r.length])
+            tags.update(codec.column_tags(blob))
+        return tags, len(data)
+
+    seg = tmp_path / "raw" / "seg+00000000000000000000.fps"
+    with _store(tmp_path, auto_maintain=False) as st:
+        st.append("raw", ids, ts, vals)
+        st.flush()
+        sealed_tags, sealed_bytes = tags_and_bytes(seg)
+        assert st.compact(now_ms=H) == 1  # a finished hour without partials is recoded too
+        tags, compacted = tags_and_bytes(seg)
+        assert codec.C_DELTA in sealed_tags and codec.C_DELTA_ANS not in sealed_tags
+        assert codec.C_DELTA_ANS in tags and compacted < sealed_bytes
+        r = st.read("raw", ids, 0, 2 * H)
+        for j in range(4):
+            assert np.array_equal(_bits(r.values[r.offsets[j]:r.offsets[j + 1]]),
+                                  _bits(vals[:, j]))
+    with _store(tmp_path) as st:  # and from the saved index after a reopen
+        r = st.read("raw", ids, 0, 2 * H)
+        assert np.array_equal(_bits(r.values), _bits(vals.T.ravel()))
+
+
 def test_flush_maintains_by_event_time_and_reopen_uses_saved_index(tmp_path: Path) -> None:
     ids = np.arange(40, 48, dtype=np.int64)
     ts, vals = _group(0, 6 * 3600, 8, 6)  # six hours: raw retention is four
