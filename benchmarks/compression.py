@@ -18,9 +18,10 @@ divide by the finite samples (what every system stores: the peers' import format
 carry NaN); fleetpulse's bytes also hold the NaN cells. "store" is the same data written
 through SeriesStore (record headers, series ids and CRCs included), compacted and read back.
 
-fleetpulse's headline bytes are the chunks as compaction leaves them (entropy-coded where
-smaller); "as sealed on ingest" are the same chunks as the ingest path seals them (prefix
-codes only). Speeds, one core: encode is the ingest seal; "compaction recode" is decoding
+fleetpulse's headline bytes are the data as compaction leaves it (like VictoriaMetrics'
+after its forced merge): COMPACT_CHUNKS sealed chunks joined per record, entropy-coded
+where smaller; "as sealed on ingest" are --chunk chunks as the ingest path seals them
+(prefix codes only). Speeds, one core: encode is the ingest seal; "compaction recode" is decoding
 the sealed form and entropy-coding it again; decode reads the compacted form. Per metric,
 "streamed" is the bytes/sample of its DELTA/DOD columns and "floor" the zero-order entropy
 of the residuals those columns code (pooled over the dataset, no table cost): the distance
@@ -47,6 +48,7 @@ import numpy.typing as npt
 import orjson
 
 from aggregator.store import SeriesStore, StoreConfig, TierSpec, codec
+from aggregator.store.series_store import COMPACT_CHUNKS
 from benchmarks.dcgm_fixtures import FixturesMissing, dcgm_fixture_files
 from benchmarks.peers import (
     PeerSeries,
@@ -260,38 +262,42 @@ def _entropy_bits(residuals: list[npt.NDArray[np.int64]]) -> float:
 
 
 def run_fleetpulse(ds: Dataset, chunk: int) -> dict[str, Any]:
-    """Both forms of every chunk: as sealed on ingest (prefix codes) and as compaction
-    rewrites it (``entropy_coded``: rANS where smaller). Bytes are the compacted form's."""
-    bs = batches(ds, chunk)
+    """Both forms of the data: chunks as sealed on ingest (prefix codes) and as compaction
+    rewrites them (COMPACT_CHUNKS chunks a record, ``entropy_coded``: rANS where smaller).
+    Bytes are the compacted form's."""
+    seal_bs = batches(ds, chunk)
+    bs = batches(ds, chunk * COMPACT_CHUNKS)
     m_count = len(ds.metrics)
-    sealed = [codec.encode_groups(b.ts, b.values) for b in bs]  # also compiles
+    sealed = [codec.encode_groups(b.ts, b.values) for b in seal_bs]  # also compiles
     encoded = [codec.encode_groups(b.ts, b.values, True) for b in bs]
     sealed_total = sum(int(off[-1]) for _, off in sealed)
     total = sum(int(off[-1]) for _, off in encoded)
-    enc_s = _best_time(lambda: [codec.encode_groups(b.ts, b.values) for b in bs])
+    enc_s = _best_time(lambda: [codec.encode_groups(b.ts, b.values) for b in seal_bs])
 
-    def recode() -> None:  # what compaction does: decode the sealed form, entropy-code
-        for b, (buf, off) in zip(bs, sealed, strict=True):
-            ts, vals = codec.decode_groups(buf, off, b.values.shape[2], b.ts.shape[1])
-            codec.encode_groups(ts, vals, True)
+    def recode() -> None:  # what compaction does: decode the sealed chunks, join, recode
+        for b, (buf, off) in zip(seal_bs, sealed, strict=True):
+            codec.decode_groups(buf, off, b.values.shape[2], b.ts.shape[1])
+        for b in bs:
+            codec.encode_groups(b.ts, b.values, True)
 
     recode_s = _best_time(recode)
     dec_s = _best_time(lambda: [codec.decode_groups(buf, off, b.values.shape[2], b.ts.shape[1])
                                 for b, (buf, off) in zip(bs, encoded, strict=True)])
     sealed_dec_s = _best_time(lambda: [
         codec.decode_groups(buf, off, b.values.shape[2], b.ts.shape[1])
-        for b, (buf, off) in zip(bs, sealed, strict=True)])
+        for b, (buf, off) in zip(seal_bs, sealed, strict=True)])
     lossless = True
     per_metric = np.zeros(m_count)
     stream_bytes = np.zeros(m_count)
     residuals: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(m_count)]
     head_bytes = 0
     tags: dict[int, int] = {}
-    for b, (buf, off), (sbuf, soff) in zip(bs, encoded, sealed, strict=True):
-        for blob_buf, blob_off in ((buf, off), (sbuf, soff)):
-            dts, dv = codec.decode_groups(blob_buf, blob_off, b.values.shape[2], b.ts.shape[1])
+    for form, form_bs in ((sealed, seal_bs), (encoded, bs)):
+        for b, (buf, off) in zip(form_bs, form, strict=True):
+            dts, dv = codec.decode_groups(buf, off, b.values.shape[2], b.ts.shape[1])
             lossless &= bool(np.array_equal(dts, b.ts)
                              and np.array_equal(dv.view(np.uint64), b.values.view(np.uint64)))
+    for b, (buf, off) in zip(bs, encoded, strict=True):
         for i in range(off.size - 1):
             blob = buf[off[i]:off[i + 1]].tobytes()
             head, ctags, sizes = codec.column_layout(blob)

@@ -264,9 +264,30 @@ def test_compaction_rewrites_sealed_chunks_entropy_coded(tmp_path: Path) -> None
         for j in range(4):
             assert np.array_equal(_bits(r.values[r.offsets[j]:r.offsets[j + 1]]),
                                   _bits(vals[:, j]))
+        _, _, recs = scan_segment(seg, truncate=False)
+        assert [r.n for r in recs] == [480] * 7 + [240]  # 30 chunks of 120, four a record
     with _store(tmp_path) as st:  # and from the saved index after a reopen
         r = st.read("raw", ids, 0, 2 * H)
         assert np.array_equal(_bits(r.values), _bits(vals.T.ravel()))
+
+
+def test_compaction_joins_chunks_without_changing_which_write_wins(tmp_path: Path) -> None:
+    ids = np.array([3, 4], np.int64)
+    ts, vals = _group(0, 3600, 2, 13)
+    again = vals + 1.0  # a replay of minutes 10-20 with other values: the later write wins
+    with _store(tmp_path, auto_maintain=False) as st:
+        st.append("raw", ids, ts, vals)
+        st.append("raw", ids, ts[600:1200], again[600:1200])
+        st.append("raw", ids, ts[1200:1260], vals[1200:1260])  # and back to the first values
+        st.flush()
+        want = st.read("raw", ids, 0, H)
+        assert st.compact(now_ms=H) == 1
+        got = st.read("raw", ids, 0, H)
+        assert np.array_equal(got.ts, want.ts)
+        assert np.array_equal(_bits(got.values), _bits(want.values))
+        expect = vals.copy()
+        expect[600:1200] = again[600:1200]
+        assert np.array_equal(_bits(got.values[3600:7200]), _bits(expect[:, 1]))
 
 
 def test_flush_maintains_by_event_time_and_reopen_uses_saved_index(tmp_path: Path) -> None:

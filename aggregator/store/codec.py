@@ -1370,6 +1370,7 @@ def warm_up() -> None:
                        np.full(16, np.nan)], axis=1)
     blob = encode_group(t, values)
     decode_group(blob)
+    decode_group(encode_group(t, values, entropy_coded=True))  # what compaction writes
     decode_selected(np.frombuffer(blob, np.uint8), np.zeros(1, np.int64), np.asarray([len(blob)], np.int64),
                     np.asarray([0, 2], np.int64), np.asarray([1, 3], np.int64))
     buf, offsets = encode_groups(t.reshape(1, -1), values.reshape(1, 16, 5))

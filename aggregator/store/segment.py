@@ -33,7 +33,6 @@ import io
 import os
 import struct
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -148,18 +147,14 @@ def _ids_length(form: int, k: int) -> int:
     return 16 if form == 0 else 8 * k if form == 8 else 8 + form * (k - 1)
 
 
-def recode_record(record: bytes, recode: Callable[[bytes], bytes]) -> bytes:
-    """The framed ``record`` with its codec blob replaced by ``recode(blob)``, CRC anew.
-
-    Compaction uses it to rewrite sealed chunks in the codec's entropy-coded form; a
-    record that fails its check raises :class:`SegmentError` (nothing is rewritten)."""
+def checked_blob(record: bytes) -> bytes:
+    """The codec blob of a whole framed record, after checking its magic, length and CRC
+    (compaction reads the records it rewrites through this); :class:`SegmentError` if bad."""
     magic, body_len, crc = RECORD_HEADER.unpack_from(record, 0)
     body = record[RECORD_HEADER.size:]
     if magic != RECORD_MAGIC or len(body) != body_len or zlib.crc32(body) != crc:
-        raise SegmentError("record failed its check while being recoded")
-    start = BODY_HEADER.size + _ids_length(body[1], int.from_bytes(body[4:8], "little"))
-    new = body[:start] + recode(body[start:])
-    return RECORD_HEADER.pack(RECORD_MAGIC, len(new), zlib.crc32(new)) + new
+        raise SegmentError("record failed its check")
+    return body[BODY_HEADER.size + _ids_length(body[1], int.from_bytes(body[4:8], "little")):]
 
 
 def read_records_into(f: io.BufferedReader, offsets: list[int], lengths: list[int], out: memoryview,

