@@ -48,7 +48,7 @@ import numpy.typing as npt
 import orjson
 
 from aggregator.store import SeriesStore, StoreConfig, TierSpec, codec
-from aggregator.store.series_store import COMPACT_CHUNKS
+from aggregator.store.series_store import COMPACT_CHUNKS, compacted_blobs
 from benchmarks.dcgm_fixtures import FixturesMissing, dcgm_fixture_files
 from benchmarks.peers import (
     PeerSeries,
@@ -261,52 +261,74 @@ def _entropy_bits(residuals: list[npt.NDArray[np.int64]]) -> float:
     return float(-(counts * np.log2(p)).sum() + raw.sum())
 
 
+def compaction_runs(ds: Dataset, chunk: int
+                    ) -> list[tuple[npt.NDArray[np.int64], list[tuple[npt.NDArray[np.int64],
+                                                                       npt.NDArray[np.float64]]]]]:
+    """Per group, its sealed chunks in runs of COMPACT_CHUNKS, as the store compacts them:
+    (metric of each column, [(ts, values[T, k]) per chunk])."""
+    m_count = len(ds.metrics)
+    flat = ds.values.transpose(0, 2, 1).reshape(-1, ds.ts.shape[1])
+    out = []
+    t_count = ds.ts.shape[1]
+    for rows, cols in groups(ds):
+        ts, vals = ds.ts[rows[0]], np.ascontiguousarray(flat[cols].T)
+        for a in range(0, t_count, chunk * COMPACT_CHUNKS):
+            stop = min(a + chunk * COMPACT_CHUNKS, t_count)
+            out.append((cols % m_count, [(ts[x:min(x + chunk, stop)], vals[x:min(x + chunk, stop)])
+                                         for x in range(a, stop, chunk)]))
+    return out
+
+
 def run_fleetpulse(ds: Dataset, chunk: int) -> dict[str, Any]:
     """Both forms of the data: chunks as sealed on ingest (prefix codes) and as compaction
-    rewrites them (COMPACT_CHUNKS chunks a record, ``entropy_coded``: rANS where smaller).
-    Bytes are the compacted form's."""
+    rewrites them (:func:`~aggregator.store.series_store.compacted_blobs` on runs of
+    COMPACT_CHUNKS chunks). Bytes are the compacted form's."""
     seal_bs = batches(ds, chunk)
-    bs = batches(ds, chunk * COMPACT_CHUNKS)
     m_count = len(ds.metrics)
     sealed = [codec.encode_groups(b.ts, b.values) for b in seal_bs]  # also compiles
-    encoded = [codec.encode_groups(b.ts, b.values, True) for b in bs]
     sealed_total = sum(int(off[-1]) for _, off in sealed)
-    total = sum(int(off[-1]) for _, off in encoded)
     enc_s = _best_time(lambda: [codec.encode_groups(b.ts, b.values) for b in seal_bs])
+    runs = compaction_runs(ds, chunk)
+    sealed_sizes = [sum(len(codec.encode_group(t, v)) for t, v in members) for _, members in runs]
+    compacted = [compacted_blobs(members, size)
+                 for (_, members), size in zip(runs, sealed_sizes, strict=True)]
+    total = sum(len(b) for blobs in compacted for b in blobs)
 
     def recode() -> None:  # what compaction does: decode the sealed chunks, join, recode
         for b, (buf, off) in zip(seal_bs, sealed, strict=True):
             codec.decode_groups(buf, off, b.values.shape[2], b.ts.shape[1])
-        for b in bs:
-            codec.encode_groups(b.ts, b.values, True)
+        for (_, members), size in zip(runs, sealed_sizes, strict=True):
+            compacted_blobs(members, size)
 
     recode_s = _best_time(recode)
-    dec_s = _best_time(lambda: [codec.decode_groups(buf, off, b.values.shape[2], b.ts.shape[1])
-                                for b, (buf, off) in zip(bs, encoded, strict=True)])
+    dec_s = _best_time(lambda: [codec.decode_group(b) for blobs in compacted for b in blobs])
     sealed_dec_s = _best_time(lambda: [
         codec.decode_groups(buf, off, b.values.shape[2], b.ts.shape[1])
         for b, (buf, off) in zip(seal_bs, sealed, strict=True)])
     lossless = True
+    for b, (buf, off) in zip(seal_bs, sealed, strict=True):
+        dts, dv = codec.decode_groups(buf, off, b.values.shape[2], b.ts.shape[1])
+        lossless &= bool(np.array_equal(dts, b.ts)
+                         and np.array_equal(dv.view(np.uint64), b.values.view(np.uint64)))
     per_metric = np.zeros(m_count)
     stream_bytes = np.zeros(m_count)
     residuals: list[list[npt.NDArray[np.int64]]] = [[] for _ in range(m_count)]
     head_bytes = 0
     tags: dict[int, int] = {}
-    for form, form_bs in ((sealed, seal_bs), (encoded, bs)):
-        for b, (buf, off) in zip(form_bs, form, strict=True):
-            dts, dv = codec.decode_groups(buf, off, b.values.shape[2], b.ts.shape[1])
-            lossless &= bool(np.array_equal(dts, b.ts)
-                             and np.array_equal(dv.view(np.uint64), b.values.view(np.uint64)))
-    for b, (buf, off) in zip(bs, encoded, strict=True):
-        for i in range(off.size - 1):
-            blob = buf[off[i]:off[i + 1]].tobytes()
+    for (metric, members), blobs in zip(runs, compacted, strict=True):
+        parts = [(np.concatenate([m[0] for m in members]),
+                  np.concatenate([m[1] for m in members]))] if len(blobs) == 1 else members
+        for (want_ts, want_v), blob in zip(parts, blobs, strict=True):
+            dts, dv = codec.decode_group(blob)
+            lossless &= bool(np.array_equal(dts, want_ts)
+                             and np.array_equal(dv.view(np.uint64), want_v.view(np.uint64)))
             head, ctags, sizes = codec.column_layout(blob)
             head_bytes += head
-            np.add.at(per_metric, b.metric[i], sizes)
+            np.add.at(per_metric, metric, sizes)
             for j, r in enumerate(codec.column_residuals(blob)):
                 if r is not None:
-                    residuals[int(b.metric[i, j])].append(r)
-                    stream_bytes[int(b.metric[i, j])] += sizes[j]
+                    residuals[int(metric[j])].append(r)
+                    stream_bytes[int(metric[j])] += sizes[j]
             for t in ctags:
                 tags[t] = tags.get(t, 0) + 1
     floor = np.array([_entropy_bits(r) / 8 for r in residuals])

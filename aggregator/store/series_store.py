@@ -651,25 +651,29 @@ class SeriesStore:
             dst.write(write_file_header(seg.start_ms, seg.span_ms))
             offset = FILE_HEADER.size
             for run in _merge_runs(recs, keep):
-                blobs = []
+                members = []
+                sealed_bytes = 0
                 for i in run:
                     src.seek(recs.offset[i])
                     try:
-                        blobs.append(codec.decode_group(checked_blob(src.read(recs.length[i]))))
+                        blob = checked_blob(src.read(recs.length[i]))
+                        members.append(codec.decode_group(blob))
                     except (SegmentError, codec.CodecError) as exc:
                         raise StoreError(f"{seg.path}: compaction cannot read a record "
                                          f"({exc}); the segment is left as it was") from exc
-                ts = np.concatenate([b[0] for b in blobs])
-                blob = codec.encode_group(ts, np.concatenate([b[1] for b in blobs]),
-                                          entropy_coded=True)
-                first, gid = run[0], int(recs.gid[run[0]])
-                t_min, t_max = int(ts.min()), int(ts.max())
-                raw = encode_record(recs.kind[first], self._groups[tier].ids[gid], ts.size,
-                                    t_min, t_max, int(recs.chunk_key[first]), blob)
-                dst.write(raw)
-                new.add(gid, t_min, t_max, recs.kind[first], recs.chunk_key[first], offset,
-                        len(raw))
-                offset += len(raw)
+                    sealed_bytes += len(blob)
+                blobs = compacted_blobs(members, sealed_bytes)
+                parts = [(run, np.concatenate([m[0] for m in members]))] if len(blobs) == 1 \
+                    else [([i], m[0]) for i, m in zip(run, members, strict=True)]
+                for (rows, ts), blob in zip(parts, blobs, strict=True):
+                    first, gid = rows[0], int(recs.gid[rows[0]])
+                    t_min, t_max = int(ts.min()), int(ts.max())
+                    raw = encode_record(recs.kind[first], self._groups[tier].ids[gid], ts.size,
+                                        t_min, t_max, int(recs.chunk_key[first]), blob)
+                    dst.write(raw)
+                    new.add(gid, t_min, t_max, recs.kind[first], recs.chunk_key[first], offset,
+                            len(raw))
+                    offset += len(raw)
             dst.flush()
             os.fsync(dst.fileno())
         os.replace(tmp, seg.path)
@@ -706,6 +710,20 @@ class SeriesStore:
     def _check_open(self) -> None:
         if getattr(self, "_closed", False):
             raise StoreError("the store is closed")
+
+
+def compacted_blobs(members: list[tuple[I64, F64]], sealed_bytes: int) -> list[bytes]:
+    """What compaction writes for a run of chunks (ts, values[T, k]) of one group.
+
+    One entropy-coded chunk of them all where that is smaller than the ``sealed_bytes``
+    they took as sealed, else each entropy-coded on its own (a NaN in one chunk turns its
+    whole joined column to XOR, and one chunk's jump can widen every residual)."""
+    if len(members) > 1:
+        joined = codec.encode_group(np.concatenate([m[0] for m in members]),
+                                    np.concatenate([m[1] for m in members]), entropy_coded=True)
+        if len(joined) < sealed_bytes:
+            return [joined]
+    return [codec.encode_group(ts, values, entropy_coded=True) for ts, values in members]
 
 
 def _merge_runs(recs: RecordIndex, keep: list[int]) -> list[list[int]]:
