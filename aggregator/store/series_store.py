@@ -647,35 +647,42 @@ class SeriesStore:
         seg.close_writer()
         tmp = seg.path.with_suffix(".tmp")
         new = RecordIndex()
-        with open(seg.path, "rb") as src, open(tmp, "wb") as dst:
-            dst.write(write_file_header(seg.start_ms, seg.span_ms))
-            offset = FILE_HEADER.size
-            for run in _merge_runs(recs, keep):
-                members = []
-                sealed_bytes = 0
-                for i in run:
-                    src.seek(recs.offset[i])
-                    try:
-                        blob = checked_blob(src.read(recs.length[i]))
-                        members.append(codec.decode_group(blob))
-                    except (SegmentError, codec.CodecError) as exc:
-                        raise StoreError(f"{seg.path}: compaction cannot read a record "
-                                         f"({exc}); the segment is left as it was") from exc
-                    sealed_bytes += len(blob)
-                blobs = compacted_blobs(members, sealed_bytes)
-                parts = [(run, np.concatenate([m[0] for m in members]))] if len(blobs) == 1 \
-                    else [([i], m[0]) for i, m in zip(run, members, strict=True)]
-                for (rows, ts), blob in zip(parts, blobs, strict=True):
-                    first, gid = rows[0], int(recs.gid[rows[0]])
-                    t_min, t_max = int(ts.min()), int(ts.max())
-                    raw = encode_record(recs.kind[first], self._groups[tier].ids[gid], ts.size,
-                                        t_min, t_max, int(recs.chunk_key[first]), blob)
-                    dst.write(raw)
-                    new.add(gid, t_min, t_max, recs.kind[first], recs.chunk_key[first], offset,
-                            len(raw))
-                    offset += len(raw)
-            dst.flush()
-            os.fsync(dst.fileno())
+        try:
+            with open(seg.path, "rb") as src, open(tmp, "wb") as dst:
+                dst.write(write_file_header(seg.start_ms, seg.span_ms))
+                offset = FILE_HEADER.size
+                for run in _merge_runs(recs, keep):
+                    members = []
+                    sealed_bytes = 0
+                    for i in run:
+                        src.seek(recs.offset[i])
+                        try:
+                            blob = checked_blob(src.read(recs.length[i]))
+                            members.append(codec.decode_group(blob))
+                        except (SegmentError, codec.CodecError) as exc:
+                            raise StoreError(f"{seg.path}: compaction cannot read a record "
+                                             f"({exc}); the segment is left as it was") from exc
+                        sealed_bytes += len(blob)
+                    blobs = compacted_blobs(members, sealed_bytes)
+                    parts = [(run, np.concatenate([m[0] for m in members]))] if len(blobs) == 1 \
+                        else [([i], m[0]) for i, m in zip(run, members, strict=True)]
+                    for (rows, ts), blob in zip(parts, blobs, strict=True):
+                        first, gid = rows[0], int(recs.gid[rows[0]])
+                        t_min, t_max = int(ts.min()), int(ts.max())
+                        raw = encode_record(recs.kind[first], self._groups[tier].ids[gid], ts.size,
+                                            t_min, t_max, int(recs.chunk_key[first]), blob)
+                        dst.write(raw)
+                        new.add(gid, t_min, t_max, recs.kind[first], recs.chunk_key[first], offset,
+                                len(raw))
+                        offset += len(raw)
+                dst.flush()
+                os.fsync(dst.fileno())
+        except BaseException as exc:  # the segment stays as it was; compacted another time
+            tmp.unlink(missing_ok=True)
+            if isinstance(exc, OSError) and not isinstance(exc, StoreError):  # a full disk
+                raise StoreWriteError(f"cannot compact {seg.path}: {exc.strerror or exc}") \
+                    from exc
+            raise
         os.replace(tmp, seg.path)
         fsync_dir(seg.path.parent)
         seg.records = new
