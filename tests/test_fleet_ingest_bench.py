@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from agent.fleet import FleetModel, Topology
+from agent.fleet.model import METRIC_IDS
+from aggregator.rack_stage import RackStage
+from aggregator.series_index import EntityIndex
+from aggregator.store import SeriesStore, StoreConfig
+from benchmarks.ingest import compare_rollups
+from fleetpulse.transport.base import Message
+from schemas.frame import SampleFrame, decode_frame, encode_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,3 +59,63 @@ def test_ingest_benchmark_reports_every_stage(kafka_bootstrap: str):
     # One model step per GPU and second (step_s), not one per 4 Hz tick.
     assert 0.5 * 160 < det["model_steps_per_s"] < 1.5 * 160, det
     assert result["metrics_per_s"] == min(r["metrics_per_s"] for r in result["per_stage"].values())
+
+
+def _rack_messages(gpus: int, seconds: int, start_ms: int) -> list[Message]:
+    """A small simulated fleet's sample frames, racks keyed onto two partitions."""
+    topo = Topology(gpus, nodes_per_rack=2, racks_per_row=2)
+    model = FleetModel(topo, hz=1.0, seed=3, start_ms=start_ms)
+    msgs, offsets = [], [0, 0]
+    for tick in range(seconds):
+        ts, values = model.step()
+        for n, ident in enumerate(topo.identities):
+            g = topo.gpus_of_node(n)
+            frame = SampleFrame(ident, f"agent-{ident.node}", tick, METRIC_IDS,
+                                np.arange(topo.gpn, dtype=np.int32), tuple(model.uuids[g]),
+                                ts[n:n + 1], np.ascontiguousarray(values[g][None]))
+            p = int(topo.rack_of_node[n]) % 2
+            msgs.append(Message("t.samples", p, offsets[p], ident.rack_key,
+                                encode_frame(frame), int(ts[n])))
+            offsets[p] += 1
+    return msgs
+
+
+def _roll_up(data_dir: Path, msgs: list[Message]) -> None:
+    """What one aggregator instance stores of ``msgs`` (rack stage: GPU, node, rack)."""
+    data_dir.mkdir()
+    store = SeriesStore(StoreConfig(path=str(data_dir / "store"), fsync=False))
+    index = EntityIndex(data_dir / "entities.jsonl")
+    try:
+        stage = RackStage(store, index, topic="t.samples", lateness_ms=5000)
+        stage.process(msgs)
+        while stage.pending_close():  # the due windows past one batch's close budget
+            stage.process([])
+    finally:
+        index.close()
+        store.close()
+
+
+def test_compare_rollups_finds_equal_missing_and_differing_series(tmp_path: Path):
+    """The check behind ``--instances N``: two instances that split the partitions store,
+    together, what one instance stores of all of them; a lost instance shows as missing
+    series and one changed sample as differing ones."""
+    msgs = _rack_messages(32, 75, 1_767_225_600_000)  # 2 racks: one on each partition
+    assert {m.partition for m in msgs} == {0, 1}
+    _roll_up(tmp_path / "reference", msgs)
+    _roll_up(tmp_path / "a", [m for m in msgs if m.partition == 0])
+    _roll_up(tmp_path / "b", [m for m in msgs if m.partition == 1])
+    same = compare_rollups([tmp_path / "a", tmp_path / "b"], tmp_path / "reference")
+    assert same["equal"] and same["series"] > 1000, same
+    assert same["missing"] == same["extra"] == same["differ"] == 0
+    lost = compare_rollups([tmp_path / "a"], tmp_path / "reference")
+    assert not lost["equal"] and 0 < lost["missing"] < lost["series"], lost
+    changed = list(msgs)
+    i = next(i for i, m in enumerate(changed) if m.partition == 1 and m.offset == 40)
+    frame = decode_frame(changed[i].value)
+    values = frame.values.copy()
+    values[0, 0, 0] += 1.0  # one sample of one GPU's first metric
+    changed[i] = dataclasses.replace(
+        changed[i], value=encode_frame(dataclasses.replace(frame, values=values)))
+    _roll_up(tmp_path / "b2", [m for m in changed if m.partition == 1])
+    differ = compare_rollups([tmp_path / "a", tmp_path / "b2"], tmp_path / "reference")
+    assert not differ["equal"] and differ["differ"] > 0 and differ["missing"] == 0, differ
