@@ -47,6 +47,11 @@ class AggregatorConfig:
     attribution, so the query API answers ``level="job"`` and ``level="namespace"``."""
     fsync: bool = True
     """fsync at every flush; off only for throwaway benchmarks."""
+    compact_recode: bool = False
+    """Store compaction re-encodes finished segments with the codec's entropy stage and
+    joins chunks (``StoreConfig.compact_recode``): 22-35 % smaller than VictoriaMetrics,
+    but a slower decode and a re-encode inside flush() on the consumer thread; off by
+    default. Data written with it on stays readable after it is turned off."""
     bearer_token: str = ""
     """If set, the query API requires ``Authorization: Bearer <token>``."""
     max_points_per_series: int = 11_000

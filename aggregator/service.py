@@ -190,7 +190,8 @@ class AggregatorService:
         self.topics = Topics(cfg.transport.topic_prefix)
         data = Path(cfg.data_dir)
         data.mkdir(parents=True, exist_ok=True)
-        self.store = SeriesStore(StoreConfig(path=str(data / "store"), fsync=cfg.fsync))
+        self.store = SeriesStore(StoreConfig(path=str(data / "store"), fsync=cfg.fsync,
+                                             compact_recode=cfg.compact_recode))
         self.index = EntityIndex(data / "entities.jsonl")
         self.store.before_write = self.index.drain
         self.transport = transport or open_transport(cfg.transport)

@@ -50,7 +50,15 @@ def _cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     many_digits = np.array([7063192700511.662, 4599477098528.483, 8047328758528.165,
                             6698820670802.434, 8094981316492.672, 8371869938674.606,
                             2830692372664.564])
+    n = 120  # one chunk of noisy readings: where the entropy stage wins
+    tn = 1_767_225_600_000 + np.arange(n, dtype=np.int64) * 1000 + rng.integers(-4, 5, n)
+    watts = np.round(250_000 + np.cumsum(rng.normal(0, 2_500, n))) / 1000  # mW, a random walk
+    joules = np.round(9e9 + np.cumsum(watts * 1000)) / 1000  # its energy: noisy dods
+    pcie = np.round(rng.laplace(0, 4_000, n) + 80_000)  # KiB/s, heavy-tailed
+    util = rng.integers(0, 101, n).astype(np.float64)
+    wide = np.cumsum(np.round(rng.normal(0, 2.0**33, n)))  # raw bits in three pieces
     return {
+        "noisy": (tn, np.stack([watts, joules, pcie, util, wide], axis=1)),
         "many_digits": (t[:7], many_digits[:, None]),
         "periodic": (t, np.stack([beat, rhythm, energy_beat], axis=1)),
         "fleet_like": (t, np.stack([temp, power, energy, clocks, fb, counter, noise, special,
@@ -66,8 +74,9 @@ def _cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     }
 
 
-def _ref_encode(ts: np.ndarray, vals: np.ndarray) -> bytes:
-    return ref.encode_group(ts.tolist(), [vals[:, j].tolist() for j in range(vals.shape[1])])
+def _ref_encode(ts: np.ndarray, vals: np.ndarray, entropy_coded: bool = False) -> bytes:
+    return ref.encode_group(ts.tolist(), [vals[:, j].tolist() for j in range(vals.shape[1])],
+                            entropy_coded)
 
 
 @pytest.mark.parametrize("name", sorted(_cases()))
@@ -75,18 +84,82 @@ def test_kernel_matches_reference_and_golden(name: str) -> None:
     ts, vals = _cases()[name]
     blob = codec.encode_group(ts, vals)
     assert blob == _ref_encode(ts, vals)
+    sealed = codec.encode_group(ts, vals, entropy_coded=True)  # the form compaction writes
+    assert sealed == _ref_encode(ts, vals, entropy_coded=True)
     path = GOLDEN / f"{name}.json"
     case = {"ts": ts.tolist(), "values_bits": [_bits(vals[:, j]) for j in range(vals.shape[1])],
-            "k": vals.shape[1], "blob_hex": blob.hex()}
+            "k": vals.shape[1], "blob_hex": blob.hex(), "entropy_blob_hex": sealed.hex()}
     if os.environ.get("FLEETPULSE_REGEN_GOLDEN"):
         path.write_text(json.dumps(case, indent=1) + "\n")
     golden = json.loads(path.read_text())
     assert golden["blob_hex"] == blob.hex(), "layout changed: bump VERSION, regenerate golden"
-    gts, gcols = ref.decode_group(bytes.fromhex(golden["blob_hex"]))
-    assert gts == golden["ts"] and gcols == golden["values_bits"]
-    dts, dv = codec.decode_group(blob)
-    assert dts.tolist() == ts.tolist() and dv.shape == vals.shape
-    assert [_bits(dv[:, j]) for j in range(vals.shape[1])] == golden["values_bits"]
+    assert golden["entropy_blob_hex"] == sealed.hex(), "entropy layout or tables changed"
+    for form in (golden["blob_hex"], golden["entropy_blob_hex"]):
+        gts, gcols = ref.decode_group(bytes.fromhex(form))
+        assert gts == golden["ts"] and gcols == golden["values_bits"]
+        dts, dv = codec.decode_group(bytes.fromhex(form))
+        assert dts.tolist() == ts.tolist() and dv.shape == vals.shape
+        assert [_bits(dv[:, j]) for j in range(vals.shape[1])] == golden["values_bits"]
+
+
+def test_entropy_stage_takes_a_column_only_where_it_is_smaller() -> None:
+    ts, vals = _cases()["noisy"]
+    _, fast_tags, fast_sizes = codec.column_layout(codec.encode_group(ts, vals))
+    _, tags, sizes = codec.column_layout(codec.encode_group(ts, vals, entropy_coded=True))
+    # watts, joules (their dods), pcie, util, wide: every streamed column wins here
+    assert fast_tags == [codec.C_DELTA, codec.C_DOD, codec.C_DELTA, codec.C_DELTA,
+                         codec.C_DELTA]
+    assert tags == [codec.C_DELTA_ANS, codec.C_DOD_ANS, codec.C_DELTA_ANS, codec.C_DELTA_ANS,
+                    codec.C_DELTA_ANS]
+    assert all(a < b for a, b in zip(sizes, fast_sizes, strict=True))
+    # where the prefix code is as good (a constant step, a few distinct values), it stays
+    for name in ("fleet_like", "periodic"):
+        cts, cvals = _cases()[name]
+        _, ft, fs = codec.column_layout(codec.encode_group(cts, cvals))
+        _, et, es = codec.column_layout(codec.encode_group(cts, cvals, entropy_coded=True))
+        for a, b, x, y in zip(ft, et, fs, es, strict=True):
+            assert (a, x) == (b, y) or (b - a == codec.C_DELTA_ANS - codec.C_DELTA and y < x)
+
+
+def test_entropy_streams_round_trip_every_symbol_class() -> None:
+    """Residuals from 0 to 2**54 (magnitude classes of every size the codec's scaled
+    integers reach, raw bits in 1 to 4 pieces) under both model families: kernel,
+    reference and a decode agree bit for bit."""
+    rng = np.random.default_rng(11)
+    t = np.arange(120, dtype=np.int64) * 1000
+    hit = set()
+    for scale in [0.3, 3.0, 40.0, 2.0**10, 2.0**17, 2.0**30, 2.0**36, 2.0**50]:
+        for law in (rng.normal, rng.laplace):
+            steps = np.clip(np.round(law(0, scale, (120, 2))), -(2.0**52), 2.0**52)
+            vals = np.cumsum(steps, axis=0) if scale < 2.0**36 else steps
+            vals[:, 1] = np.cumsum(vals[:, 0])  # a counter of it: its dods are the steps
+            blob = codec.encode_group(t, vals, entropy_coded=True)
+            assert blob == _ref_encode(t, vals, entropy_coded=True)
+            hit.update(codec.column_tags(blob))
+            dv = codec.decode_group(blob)[1]
+            assert np.array_equal(dv.view(np.uint64), vals.view(np.uint64))
+            assert ref.decode_group(blob)[1] == [_bits(vals[:, j]) for j in range(2)]
+    assert codec.C_DELTA_ANS in hit and codec.C_DOD_ANS in hit
+
+
+def test_corrupt_entropy_streams_raise_codec_error() -> None:
+    ts, vals = _cases()["noisy"]
+    blob = codec.encode_group(ts, vals, entropy_coded=True)
+    for cut in range(0, len(blob), 7):
+        with pytest.raises(codec.CodecError):
+            codec.decode_group(blob[:cut])
+    rng = np.random.default_rng(5)
+    caught = 0
+    for _ in range(300):  # a flipped bit in a rANS stream: an error or values, never a crash
+        bad = bytearray(blob)
+        bad[int(rng.integers(len(blob) // 4, len(bad)))] ^= 1 << int(rng.integers(0, 8))
+        try:
+            codec.decode_group(bytes(bad))
+        except codec.CodecError:
+            caught += 1
+    # the end-state check catches damage that reaches a symbol; raw bits carry no check
+    # (like the prefix code's): the store's record CRC is what guards them
+    assert caught > 0
 
 
 def test_each_encoding_is_chosen_where_it_wins() -> None:
@@ -193,13 +266,14 @@ def _groups(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
 @given(_groups())
 def test_round_trip_bit_exact_and_equal_to_reference(group: tuple[np.ndarray, np.ndarray]) -> None:
     ts, vals = group
-    blob = codec.encode_group(ts, vals)
-    assert blob == _ref_encode(ts, vals)
-    dts, dv = codec.decode_group(blob)
-    assert dts.tolist() == ts.tolist()
-    assert np.array_equal(dv.view(np.uint64), vals.view(np.uint64))
-    rts, rcols = ref.decode_group(blob)
-    assert rts == ts.tolist() and rcols == [_bits(vals[:, j]) for j in range(vals.shape[1])]
+    for entropy_coded in (False, True):
+        blob = codec.encode_group(ts, vals, entropy_coded)
+        assert blob == _ref_encode(ts, vals, entropy_coded)
+        dts, dv = codec.decode_group(blob)
+        assert dts.tolist() == ts.tolist()
+        assert np.array_equal(dv.view(np.uint64), vals.view(np.uint64))
+        rts, rcols = ref.decode_group(blob)
+        assert rts == ts.tolist() and rcols == [_bits(vals[:, j]) for j in range(vals.shape[1])]
 
 
 def test_scaled_integers_are_exact_at_the_limits() -> None:
@@ -245,9 +319,10 @@ def test_empty_wide_group_and_absurd_headers() -> None:
 
 def test_decode_selected_matches_decode_group_for_many_chunks() -> None:
     cases = _cases()
-    names = ["fleet_like", "periodic", "one_sample", "huge_gaps", "empty", "two_samples"]
-    blobs = [codec.encode_group(*cases[n]) for n in names]
-    picks = [[0, 4, 11], [1], [1], [], [], [0]]
+    names = ["fleet_like", "periodic", "one_sample", "huge_gaps", "empty", "two_samples",
+             "noisy"]
+    blobs = [codec.encode_group(*cases[n], entropy_coded=n == "noisy") for n in names]
+    picks = [[0, 4, 11], [1], [1], [], [], [0], [1, 4]]
     gap = b"\xff" * 5  # the store's record framing sits between blobs
     buf = gap.join(blobs)
     starts, pos = [], 0

@@ -24,19 +24,27 @@ def test_benchmark_reports_lossless_results_for_every_dataset(
         ["fleetpulse_gpu_temperature_celsius", "fleetpulse_gpu_pcie_replay_errors_total"]))
     out = tmp_path / "compression.json"
     rc = compression.main(["--no-peers", "--gpus", "8", "--duration", "240", "--dcgm-ticks",
-                           "130", "--npz", str(npz), "--out", str(out)])
+                           "130", "--npz", str(npz), "--zoo", "sparse_metrics_0p2hz",
+                           "--out", str(out)])
     assert rc == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     summary = orjson.loads(last)
     assert summary["lossless"] is True
-    assert set(summary["datasets"]) == {"fleet", "fleet-varying", "dcgm", "mine"}
+    assert set(summary["datasets"]) == {"fleet", "fleet-varying", "dcgm", "mine",
+                                        "zoo:sparse_metrics_0p2hz"}
     for name, r in orjson.loads(out.read_bytes())["datasets"].items():
         assert r["lossless"], name
         assert 0 < r["bytes_per_sample"] < r["gorilla_bytes_per_sample"], name
+        # compaction's entropy-coded form never grows a chunk; the store holds that form
+        assert r["bytes_per_sample"] <= r["sealed_bytes_per_sample"], name
         assert r["samples_finite"] > 0
+        streamed = [pm["residual_column_bytes_per_sample"] for pm in r["per_metric"].values()]
+        floor = [pm["residual_entropy_bytes_per_sample"] for pm in r["per_metric"].values()]
+        assert all(f >= 0 for f in floor) and (sum(floor) > 0) == (sum(streamed) > 0), name
     mine = orjson.loads(out.read_bytes())["datasets"]["mine"]
     assert mine["samples_finite"] == 3 * 300 * 2 - 10
-    for key in ("bytes_per_sample", "encode_samples_per_s", "decode_samples_per_s"):
+    for key in ("bytes_per_sample", "encode_samples_per_s", "decode_samples_per_s",
+                "compaction_recode_samples_per_s"):
         assert summary[key] > 0
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.store import SeriesStore, StoreConfig, StoreError, TierSpec, reduce_buckets
-from aggregator.store.segment import scan_segment
+from aggregator.store import SeriesStore, StoreConfig, StoreError, TierSpec, codec, reduce_buckets
+from aggregator.store.segment import decode_record_body, scan_segment
 
 H = 3_600_000
 TIERS = (
@@ -233,6 +233,78 @@ def test_series_ids_in_records_round_trip_compactly(ids: np.ndarray) -> None:
     back, end = decode_ids(form, ids.size, b"xx" + raw, 2)
     assert back.tolist() == ids.tolist() and end == len(raw) + 2
     assert len(raw) <= 8 * ids.size + 8
+
+
+def _tags_and_bytes(seg: Path) -> tuple[set[int], int]:
+    """Every column tag in the records of a segment file, and the file's size."""
+    _, _, recs = scan_segment(seg, truncate=False)
+    data = seg.read_bytes()
+    tags: set[int] = set()
+    for r in recs:
+        _, blob = decode_record_body(data[r.offset + 12:r.offset + r.length])
+        tags.update(codec.column_tags(blob))
+    return tags, len(data)
+
+
+def test_compaction_without_recode_copies_records_as_sealed(tmp_path: Path) -> None:
+    ids = np.arange(10, 14, dtype=np.int64)
+    ts, vals = _group(0, 2 * 3600, 4, 12)  # as in the test below, where the flag is on
+    seg = tmp_path / "raw" / "seg+00000000000000000000.fps"
+    with _store(tmp_path, auto_maintain=False) as st:  # compact_recode off: the default
+        for a in range(0, ts.size, 500):  # partial records, so that the hour is rewritten
+            st.append("raw", ids, ts[a:a + 500], vals[a:a + 500])
+            st.flush()
+        assert st.compact(now_ms=H) == 1
+        tags, _ = _tags_and_bytes(seg)
+        assert codec.C_DELTA in tags
+        assert not tags & {codec.C_DELTA_ANS, codec.C_DOD_ANS}
+        _, _, recs = scan_segment(seg, truncate=False)
+        assert [r.n for r in recs] == [120] * 30  # sealed chunks only, none joined
+        r = st.read("raw", ids, 0, 2 * H)
+        assert np.array_equal(_bits(r.values), _bits(vals.T.ravel()))
+
+
+def test_compaction_rewrites_sealed_chunks_entropy_coded(tmp_path: Path) -> None:
+    ids = np.arange(10, 14, dtype=np.int64)
+    ts, vals = _group(0, 2 * 3600, 4, 12)  # noisy readings: where the rANS stage wins
+
+    seg = tmp_path / "raw" / "seg+00000000000000000000.fps"
+    with _store(tmp_path, auto_maintain=False, compact_recode=True) as st:
+        st.append("raw", ids, ts, vals)
+        st.flush()
+        sealed_tags, sealed_bytes = _tags_and_bytes(seg)
+        assert st.compact(now_ms=H) == 1  # a finished hour without partials is recoded too
+        tags, compacted = _tags_and_bytes(seg)
+        assert codec.C_DELTA in sealed_tags and codec.C_DELTA_ANS not in sealed_tags
+        assert codec.C_DELTA_ANS in tags and compacted < sealed_bytes
+        r = st.read("raw", ids, 0, 2 * H)
+        for j in range(4):
+            assert np.array_equal(_bits(r.values[r.offsets[j]:r.offsets[j + 1]]),
+                                  _bits(vals[:, j]))
+        _, _, recs = scan_segment(seg, truncate=False)
+        assert [r.n for r in recs] == [480] * 7 + [240]  # 30 chunks of 120, four a record
+    with _store(tmp_path) as st:  # and from the saved index after a reopen with the flag off
+        r = st.read("raw", ids, 0, 2 * H)
+        assert np.array_equal(_bits(r.values), _bits(vals.T.ravel()))
+
+
+def test_compaction_joins_chunks_without_changing_which_write_wins(tmp_path: Path) -> None:
+    ids = np.array([3, 4], np.int64)
+    ts, vals = _group(0, 3600, 2, 13)
+    again = vals + 1.0  # a replay of minutes 10-20 with other values: the later write wins
+    with _store(tmp_path, auto_maintain=False, compact_recode=True) as st:
+        st.append("raw", ids, ts, vals)
+        st.append("raw", ids, ts[600:1200], again[600:1200])
+        st.append("raw", ids, ts[1200:1260], vals[1200:1260])  # and back to the first values
+        st.flush()
+        want = st.read("raw", ids, 0, H)
+        assert st.compact(now_ms=H) == 1
+        got = st.read("raw", ids, 0, H)
+        assert np.array_equal(got.ts, want.ts)
+        assert np.array_equal(_bits(got.values), _bits(want.values))
+        expect = vals.copy()
+        expect[600:1200] = again[600:1200]
+        assert np.array_equal(_bits(got.values[3600:7200]), _bits(expect[:, 1]))
 
 
 def test_flush_maintains_by_event_time_and_reopen_uses_saved_index(tmp_path: Path) -> None:

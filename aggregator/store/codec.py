@@ -45,8 +45,13 @@ streams are MSB-first and padded with zero bits to a whole byte)::
                        T-2 values s[i] = d[i] - d[i-lag]  (d[i] - d[i-1] while i-lag < 1),
                        i = 2..T-1, where d[i] = m[i] - m[i-1]
                        and everywhere n[i] = n0 + g*m[i], m[0] = 0, d1 = d[1], 1 <= lag <= 8
+      C_DELTA_ANS (7): the body of C_DELTA with ``astream`` in place of ``stream``
+      C_DOD_ANS   (8): the body of C_DOD with ``astream`` in place of ``stream``
     stream  := varint nbytes | u8 c (1..3) | u8 width{c} | bits: per value z = zz(x),
                  c=1: z:w0    c=2: '0' z:w0 | '1' z:w1    c=3: '0' z:w0 | '10' z:w1 | '11' z:w2
+    astream := varint nbytes | u8 model | u32 state | u16 words: the same values z, rANS-coded
+               under one of 256 fixed parametric tables (:mod:`aggregator.store.entropy`
+               documents the symbols, tables and state machine)
 
 Value of a scaled integer: ``n / 10**e`` when e >= 0, ``n * 10**-e`` when e < 0 (|n| <= 2**53,
 -15 <= e <= 15); an encoder uses it only when that reproduces every value bit for bit. The
@@ -60,7 +65,13 @@ smaller); then, if that stream costs more than one bit per value, the lag (1..8)
 residuals have the fewest summed bit lengths on every other index from 1 + 8 (DELTA) or
 2 + 8 (DOD) on (ties: smaller lag) replaces lag 1 when its planned stream (bytes + width
 bytes) is strictly smaller. Periodic load (an all-reduce rhythm at 1 Hz) is where it wins. For a stream
-it picks c and widths with the fewest bits (ties: fewer classes, then smaller widths). Decoding validates lengths and tags and raises :class:`CodecError`.
+it picks c and widths with the fewest bits (ties: fewer classes, then smaller widths).
+With ``entropy_coded`` (what the store's compaction writes; ingest seals without it, at
+about twice the speed) each DELTA/DOD stream is then also planned as an astream: the model
+whose table gives the fewest bits among five scales around each family's fitted one; it
+replaces the prefix-coded stream, and the tag becomes 7 or 8, only when strictly smaller
+(the lag and DELTA/DOD choice stay those of the prefix code). Decoding reads both forms
+always, validates lengths and tags and raises :class:`CodecError`.
 
 Plain Gorilla (the benchmark's baseline, no tricks): ``varint T | tsec | C_XOR body`` per
 series (:func:`encode_gorilla`).
@@ -75,15 +86,20 @@ import numpy as np
 import numpy.typing as npt
 from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
 
+from aggregator.store import entropy
+
 __all__ = [
     "C_CONST",
     "C_CONST_INT",
     "C_DELTA",
+    "C_DELTA_ANS",
     "C_DOD",
+    "C_DOD_ANS",
     "C_XOR",
     "C_ZERO",
     "CodecError",
     "column_layout",
+    "column_residuals",
     "column_tags",
     "decode_gorilla",
     "decode_group",
@@ -103,6 +119,8 @@ C_XOR: Final = 3
 C_DELTA: Final = 4
 C_DOD: Final = 5
 C_ZERO: Final = 6
+C_DELTA_ANS: Final = 7
+C_DOD_ANS: Final = 8
 E_MIN: Final = -15
 E_MAX: Final = 15
 N_LIMIT: Final = 1 << 53
@@ -623,7 +641,8 @@ def _read_stream(buf: np.ndarray, words: np.ndarray, pos: int, end: int, m: int,
 def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, ints: np.ndarray,
                 dd: np.ndarray, z1: np.ndarray, z2: np.ndarray, zs: np.ndarray,
                 hist: np.ndarray, w1: np.ndarray, w2: np.ndarray,
-                ws: np.ndarray) -> int:  # pragma: no cover - numba
+                ws: np.ndarray, entropy_on: bool, ehist: np.ndarray,
+                words: np.ndarray, tab: tuple) -> int:  # pragma: no cover - numba
     n = col.size
     same = True
     for i in range(1, n):
@@ -674,11 +693,22 @@ def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, in
         buf[p] = lag
         p = _varint(buf, p + 1, _zz(d1))
         end = _write_stream(z2, n - 2, c2, w2, b2, buf, p)
+        if entropy_on:
+            smaller = _entropy_stream(z2, n - 2, buf, p, end, ehist, words, tab)
+            if smaller < end:
+                buf[pos] = C_DOD_ANS
+                end = smaller
     else:
         lag, c1, b1 = _improve_lag(ints, 0, n, z1, w1, c1, b1, zs, ws, hist)
         buf[pos] = C_DELTA
         buf[p] = lag
-        end = _write_stream(z1, n - 1, c1, w1, b1, buf, p + 1)
+        p += 1
+        end = _write_stream(z1, n - 1, c1, w1, b1, buf, p)
+        if entropy_on:
+            smaller = _entropy_stream(z1, n - 1, buf, p, end, ehist, words, tab)
+            if smaller < end:
+                buf[pos] = C_DELTA_ANS
+                end = smaller
     if end - pos <= XOR_CHECK_BYTES * n + 16:
         return end
     # decimals with many digits (or wild jumps): XOR may be smaller; try it after the end
@@ -689,6 +719,33 @@ def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, in
     for i in range(xend - end):
         buf[pos + i] = buf[end + i]
     return pos + (xend - end)
+
+
+@nb.njit(cache=True)
+def _entropy_stream(z: np.ndarray, m: int, buf: np.ndarray, p: int, end: int, ehist: np.ndarray,
+                    words: np.ndarray, tab: tuple) -> int:  # pragma: no cover - numba
+    """Replace the prefix-coded stream at [p, end) by an astream of z[:m] when that is
+    strictly smaller; returns the stream's end (``end`` when the prefix code stays)."""
+    if m < 1:
+        return end
+    model, bits = entropy.plan(z, m, ehist, tab)
+    if (bits + 7) // 8 + 7 >= end - p:  # cannot win (state, model and length bytes)
+        return end
+    nw, state = entropy.encode(z, m, model, words, tab)
+    nbytes = 5 + 2 * nw
+    if _varint_len(U64(nbytes)) + nbytes >= end - p:
+        return end
+    q = _varint(buf, p, U64(nbytes))
+    buf[q] = model
+    for j in range(4):
+        buf[q + 1 + j] = np.uint8((state >> U64(8 * j)) & U64(0xFF))
+    q += 5
+    for j in range(nw - 1, -1, -1):  # the decoder reads the last word written first
+        w = words[j]
+        buf[q] = np.uint8(w & 0xFF)
+        buf[q + 1] = np.uint8(w >> 8)
+        q += 2
+    return q
 
 
 @nb.njit(cache=True)
@@ -747,8 +804,12 @@ def _best_lag(x: np.ndarray, f: int, n: int) -> int:  # pragma: no cover - numba
 
 @nb.njit(cache=True)
 def _skip_or_dec_column(buf: np.ndarray, words: np.ndarray, pos: int, end: int, n: int, out: np.ndarray,
-                        tmp: np.ndarray, decode: bool) -> int:  # pragma: no cover - numba
-    """Decode (or just skip) one column at ``pos`` into the uint64 bit patterns ``out``."""
+                        tmp: np.ndarray, decode: bool, tab: tuple, residuals: bool = False) -> int:
+    # pragma: no cover - numba
+    """Decode (or just skip) one column at ``pos`` into the uint64 bit patterns ``out``.
+
+    With ``residuals`` a DELTA / DOD column stops after its stream: tmp holds its residuals
+    (for the benchmark's entropy figures), ``out`` is not written."""
     if pos >= end:
         return -1
     tag = buf[pos]
@@ -773,8 +834,12 @@ def _skip_or_dec_column(buf: np.ndarray, words: np.ndarray, pos: int, end: int, 
                 return -1
             return p + np.int64(nbytes)
         return _dec_xor(buf, words, pos, end, n, out)
-    if tag != C_CONST_INT and tag != C_DELTA and tag != C_DOD:
+    if tag != C_CONST_INT and tag != C_DELTA and tag != C_DOD and tag != C_DELTA_ANS \
+            and tag != C_DOD_ANS:
         return -1
+    ans = tag >= C_DELTA_ANS  # (7 or 8: the only tags this far up)
+    if ans:
+        tag -= C_DELTA_ANS - C_DELTA  # the same body as DELTA / DOD but for the stream
     if pos >= end:
         return -1
     e = np.int64(np.int8(buf[pos]))
@@ -805,16 +870,24 @@ def _skip_or_dec_column(buf: np.ndarray, words: np.ndarray, pos: int, end: int, 
             return -1
         d1 = _unzz(zd1)
     m = n - 1 if tag == C_DELTA else n - 2
-    if not decode:
+    if ans:
+        nbytes, p = _rvarint(buf, pos, end)
+        if p < 0 or p + np.int64(nbytes) > end:
+            return -1
+        if not decode:
+            return p + np.int64(nbytes)
+        pos = entropy.decode(buf, p, p + np.int64(nbytes), m, tmp, tab)
+    elif not decode:
         nbytes, p = _rvarint(buf, pos, end)
         if p < 0 or p >= end:
             return -1
         c = np.int64(buf[p])
         p2 = p + 1 + c + np.int64(nbytes)
         return -1 if c < 1 or c > 3 or p2 > end else p2
-    pos = _read_stream(buf, words, pos, end, m, tmp)
-    if pos < 0:
-        return -1
+    else:
+        pos = _read_stream(buf, words, pos, end, m, tmp)
+    if pos < 0 or residuals:
+        return pos
     # rebuild m[i] (delta) or d[i] (dod) in place in tmp, shifted by one: tmp[i-1] <-> i
     vals = out.view(np.float64)
     vals[0] = _decode_scaled(n0, e)
@@ -842,8 +915,8 @@ def _skip_or_dec_column(buf: np.ndarray, words: np.ndarray, pos: int, end: int, 
 
 
 @nb.njit(cache=True, nogil=True)
-def _enc_group(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, pos: int) -> int:
-    # pragma: no cover - numba
+def _enc_group(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, pos: int,
+               entropy_on: bool, tab: tuple) -> int:  # pragma: no cover - numba
     """Encode one group (cols is (k, T) float64) at ``pos``; returns the new position."""
     k = cols.shape[0]
     n = ts.size
@@ -862,21 +935,23 @@ def _enc_group(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, pos: int) -> i
     w1 = np.zeros(3, np.int64)
     w2 = np.zeros(3, np.int64)
     ws = np.zeros(3, np.int64)
+    ehist = np.zeros(entropy.N_SYM, np.int64)
+    words = np.empty(5 * n + 8 if entropy_on else 1, np.uint16)
     for j in range(k):
         col = cols[j]
         pos = _enc_column(col, col.view(np.uint64), buf, pos, ints, dd, z1, z2, zs, hist, w1,
-                          w2, ws)
+                          w2, ws, entropy_on, ehist, words, tab)
     return pos
 
 
 @nb.njit(cache=True, nogil=True)
-def _enc_groups(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, offsets: np.ndarray) -> None:
-    # pragma: no cover - numba
+def _enc_groups(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, offsets: np.ndarray,
+                entropy_on: bool, tab: tuple) -> None:  # pragma: no cover - numba
     """ts (G, T), cols (G, k, T): every group into one buffer, offsets[G+1]."""
     pos = 0
     offsets[0] = 0
     for gi in range(ts.shape[0]):
-        pos = _enc_group(ts[gi], cols[gi], buf, pos)
+        pos = _enc_group(ts[gi], cols[gi], buf, pos, entropy_on, tab)
         offsets[gi + 1] = pos
 
 
@@ -895,7 +970,7 @@ def _dec_header(buf: np.ndarray, pos: int, end: int) -> tuple[int, int, int]:  #
 
 @nb.njit(cache=True)
 def _dec_group(buf: np.ndarray, words: np.ndarray, pos: int, end: int, which: np.ndarray, ts_out: np.ndarray,
-               out: np.ndarray) -> int:  # pragma: no cover - numba
+               out: np.ndarray, tab: tuple) -> int:  # pragma: no cover - numba
     """Decode the columns marked in ``which`` (k bools) of the group at ``pos``.
 
     ``out`` is (count of marked, T) uint64; returns the end position or -1."""
@@ -911,10 +986,10 @@ def _dec_group(buf: np.ndarray, words: np.ndarray, pos: int, end: int, which: np
     r = 0
     for j in range(k):
         if which[j]:
-            pos = _skip_or_dec_column(buf, words, pos, end, n, out[r], tmp, True)
+            pos = _skip_or_dec_column(buf, words, pos, end, n, out[r], tmp, True, tab)
             r += 1
         else:
-            pos = _skip_or_dec_column(buf, words, pos, end, n, out[0], tmp, False)
+            pos = _skip_or_dec_column(buf, words, pos, end, n, out[0], tmp, False, tab)
         if pos < 0:
             return -1
     return pos
@@ -922,7 +997,7 @@ def _dec_group(buf: np.ndarray, words: np.ndarray, pos: int, end: int, which: np
 
 @nb.njit(cache=True, nogil=True)
 def _dec_groups(buf: np.ndarray, offsets: np.ndarray, ts_out: np.ndarray,
-                out: np.ndarray) -> int:  # pragma: no cover - numba
+                out: np.ndarray, tab: tuple) -> int:  # pragma: no cover - numba
     """Decode G groups of equal shape: ts_out (G, T), out (G, k, T); returns 0 or -1-index."""
     k = out.shape[1]
     which = np.ones(k, np.bool_)
@@ -931,7 +1006,7 @@ def _dec_groups(buf: np.ndarray, offsets: np.ndarray, ts_out: np.ndarray,
         p, kk, n = _dec_header(buf, offsets[gi], offsets[gi + 1])
         if p < 0 or kk != k or n != ts_out.shape[1]:
             return -1 - gi
-        if _dec_group(buf, words, offsets[gi], offsets[gi + 1], which, ts_out[gi], out[gi]) != offsets[
+        if _dec_group(buf, words, offsets[gi], offsets[gi + 1], which, ts_out[gi], out[gi], tab) != offsets[
                 gi + 1]:
             return -1 - gi
     return 0
@@ -966,7 +1041,7 @@ def _fill_words(buf: np.ndarray, words: np.ndarray, a: int, b: int) -> None:
 @nb.njit(cache=True, nogil=True)
 def _dec_selected(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, colptr: np.ndarray,
                   cols: np.ndarray, ts_off: np.ndarray, val_off: np.ndarray, ts_out: np.ndarray,
-                  val_out: np.ndarray) -> int:  # pragma: no cover - numba
+                  val_out: np.ndarray, tab: tuple) -> int:  # pragma: no cover - numba
     """Decode the selected (sorted) columns of many blobs into flat outputs; -1-r on error.
 
     Only the bytes of decoded sections are turned into words: skipping a column reads its
@@ -990,14 +1065,15 @@ def _dec_selected(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, colptr:
         q = colptr[r]
         base = val_off[r]
         for j in range(k):
-            nxt = _skip_or_dec_column(buf, words, pos, end, n, val_out[base:base + n], tmp, False)
+            nxt = _skip_or_dec_column(buf, words, pos, end, n, val_out[base:base + n], tmp, False,
+                                      tab)
             if nxt < 0:
                 return -1 - r
             if q < colptr[r + 1] and cols[q] == j:
                 a = base + (q - colptr[r]) * n
                 _fill_words(buf, words, pos, nxt)
                 if _skip_or_dec_column(buf, words, pos, end, n, val_out[a:a + n], tmp,
-                                       True) != nxt:
+                                       True, tab) != nxt:
                     return -1 - r
                 q += 1
             pos = nxt
@@ -1048,11 +1124,14 @@ def _check_group(ts: npt.ArrayLike, values: npt.ArrayLike) -> tuple[np.ndarray, 
     return t, np.ascontiguousarray(v.T)
 
 
-def encode_group(ts: npt.ArrayLike, values: npt.ArrayLike) -> bytes:
-    """Encode T timestamps (int64 ms) and ``values`` (float64, shape (T, k)) as one chunk."""
+def encode_group(ts: npt.ArrayLike, values: npt.ArrayLike, entropy_coded: bool = False) -> bytes:
+    """Encode T timestamps (int64 ms) and ``values`` (float64, shape (T, k)) as one chunk.
+
+    ``entropy_coded`` also tries the rANS stage on every residual stream (about half the
+    speed; the store uses it when it compacts a finished segment, not on ingest)."""
     t, cols = _check_group(ts, values)
     buf = np.zeros(_bound(cols.shape[0], t.size) + PAD, np.uint8)
-    end = _enc_group(t, cols, buf, 0)
+    end = _enc_group(t, cols, buf, 0, entropy_coded, entropy.TABLES)
     return buf[:end].tobytes()
 
 
@@ -1087,7 +1166,7 @@ def decode_group(blob: bytes, columns: npt.ArrayLike | None = None
     uniq = np.flatnonzero(which)
     ts = np.empty(n, np.int64)
     out = np.empty((uniq.size, n), np.uint64)
-    got = _dec_group(buf, _be_words(buf), 0, end, which, ts, out)
+    got = _dec_group(buf, _be_words(buf), 0, end, which, ts, out, entropy.TABLES)
     if got != end:
         raise CodecError(f"corrupt chunk of {end} bytes (k={k}, T={n}): decoding stopped at {got}")
     vals = out.view(np.float64)
@@ -1096,9 +1175,10 @@ def decode_group(blob: bytes, columns: npt.ArrayLike | None = None
     return ts, vals.T
 
 
-def encode_groups(ts: npt.ArrayLike, values: npt.ArrayLike
+def encode_groups(ts: npt.ArrayLike, values: npt.ArrayLike, entropy_coded: bool = False
                   ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
-    """Encode G groups at once: ts (G, T) int64, values (G, T, k) float64.
+    """Encode G groups at once: ts (G, T) int64, values (G, T, k) float64
+    (``entropy_coded`` as in :func:`encode_group`).
 
     Returns ``(buffer, offsets)``: group g is ``buffer[offsets[g]:offsets[g+1]]``, a
     blob that :func:`decode_group` reads.
@@ -1111,7 +1191,7 @@ def encode_groups(ts: npt.ArrayLike, values: npt.ArrayLike
     g, n = t.shape
     buf = np.zeros(g * _bound(cols.shape[1], n) + PAD, np.uint8)
     offsets = np.zeros(g + 1, np.int64)
-    _enc_groups(t, cols, buf, offsets)
+    _enc_groups(t, cols, buf, offsets, entropy_coded, entropy.TABLES)
     return buf[:offsets[-1]], offsets
 
 
@@ -1125,7 +1205,7 @@ def decode_groups(buffer: npt.ArrayLike, offsets: npt.ArrayLike, k: int, n: int
     g = off.size - 1
     ts = np.empty((g, n), np.int64)
     out = np.empty((g, k, n), np.uint64)
-    rc = _dec_groups(buf, off, ts, out)
+    rc = _dec_groups(buf, off, ts, out, entropy.TABLES)
     if rc != 0:
         raise CodecError(f"group {-1 - rc} of {g} is corrupt or not of shape k={k}, T={n}")
     return ts, out.view(np.float64).transpose(0, 2, 1)
@@ -1170,7 +1250,7 @@ def decode_selected(buffer: npt.ArrayLike, starts: npt.ArrayLike, ends: npt.Arra
     np.cumsum(counts * widths, out=val_off[1:])
     ts = np.empty(int(ts_off[-1]), np.int64)
     vals = np.empty(int(val_off[-1]), np.uint64)
-    rc = _dec_selected(buf, st, en, ptr, cols, ts_off, val_off, ts, vals)
+    rc = _dec_selected(buf, st, en, ptr, cols, ts_off, val_off, ts, vals, entropy.TABLES)
     if rc != 0:
         raise CodecError(f"chunk {-1 - rc} of {counts.size} is corrupt")
     return counts, ts, vals.view(np.float64)
@@ -1235,12 +1315,40 @@ def column_layout(blob: bytes) -> tuple[int, list[int], list[int]]:
         if pos < 0:
             raise CodecError("corrupt chunk")
         tags.append(int(buf[pos]))
-        nxt = _skip_or_dec_column(buf, words, pos, end, n, scratch, tmp, False)
+        nxt = _skip_or_dec_column(buf, words, pos, end, n, scratch, tmp, False, entropy.TABLES)
         sizes.append(int(nxt - pos))
         pos = nxt
     if pos != end:
         raise CodecError("corrupt chunk")
     return int(head), tags, sizes
+
+
+def column_residuals(blob: bytes) -> list[npt.NDArray[np.int64] | None]:
+    """Per column, the residuals its DELTA / DOD stream codes (None for other tags).
+
+    For the benchmark's distance to the entropy floor: their empirical entropy is what any
+    coder of these streams could reach at best."""
+    buf, end = _padded(blob)
+    pos, k, n = _dec_header(buf, 0, end)
+    if pos < 0 or n == 0:
+        return []
+    words = _be_words(buf)
+    pos = _dec_ts(buf, words, pos, end, n, np.empty(n, np.int64))
+    out: list[npt.NDArray[np.int64] | None] = []
+    tmp = np.empty(n, np.int64)
+    scratch = np.empty(n, np.uint64)
+    for _ in range(k):
+        if pos < 0:
+            raise CodecError("corrupt chunk")
+        tag = int(buf[pos])
+        streamed = tag in (C_DELTA, C_DOD, C_DELTA_ANS, C_DOD_ANS)
+        if streamed:
+            _skip_or_dec_column(buf, words, pos, end, n, scratch, tmp, True, entropy.TABLES, True)
+            out.append(tmp[:n - (1 if tag in (C_DELTA, C_DELTA_ANS) else 2)].copy())
+        else:
+            out.append(None)
+        pos = _skip_or_dec_column(buf, words, pos, end, n, scratch, tmp, False, entropy.TABLES)
+    return out
 
 
 def column_tags(blob: bytes) -> list[int]:
@@ -1262,6 +1370,7 @@ def warm_up() -> None:
                        np.full(16, np.nan)], axis=1)
     blob = encode_group(t, values)
     decode_group(blob)
+    decode_group(encode_group(t, values, entropy_coded=True))  # what compaction writes
     decode_selected(np.frombuffer(blob, np.uint8), np.zeros(1, np.int64), np.asarray([len(blob)], np.int64),
                     np.asarray([0, 2], np.int64), np.asarray([1, 3], np.int64))
     buf, offsets = encode_groups(t.reshape(1, -1), values.reshape(1, 16, 5))

@@ -9,13 +9,17 @@ that a bug in the kernels cannot leak into their reference.
 
 from __future__ import annotations
 
+import math
 import struct
+from functools import cache
 
-__all__ = ["decode_gorilla", "decode_group", "encode_gorilla", "encode_group"]
+__all__ = ["decode_gorilla", "decode_group", "encode_gorilla", "encode_group", "entropy_tables"]
 
 VERSION = 1
 TS_DOD = 1
 C_CONST, C_CONST_INT, C_XOR, C_DELTA, C_DOD, C_ZERO = 1, 2, 3, 4, 5, 6
+C_DELTA_ANS, C_DOD_ANS = 7, 8
+PROB_BITS, N_SYM, N_MODELS, RANS_L = 14, 256, 256, 1 << 16
 E_MIN, E_MAX = -15, 15
 MAX_LAG = 8
 XOR_CHECK_BYTES = 4
@@ -311,10 +315,147 @@ def read_stream(r: Reader, m: int) -> list[int]:
     return out
 
 
+# ---------------------------------------------------------------------------- rANS streams
+
+
+def symbol_of(z: int) -> tuple[int, int]:
+    """(symbol, raw bit count) of a zigzagged residual."""
+    b = z.bit_length()
+    if b <= 4:
+        return z, 0
+    return 16 + 4 * (b - 5) + ((z >> (b - 3)) & 3), b - 3
+
+
+def symbol_base(s: int) -> int:
+    if s < 16:
+        return s
+    b = 5 + (s - 16) // 4
+    return (4 + (s - 16) % 4) << (b - 3)
+
+
+@cache
+def entropy_tables() -> tuple[list[list[int]], list[list[float]]]:
+    """(frequencies, costs in bits) of every model: the formula of the kernel's module."""
+    edges = [symbol_base(s) for s in range(N_SYM)] + [2**64]
+    freqs, costs = [], []
+    for k in range(N_MODELS):
+        scale = 2.0 ** ((k % 128 - 12) / 3)
+        if k < 128:
+            cdf = [1.0 - math.exp(-e / scale) for e in edges]
+        else:
+            cdf = [math.erf(e / (scale * math.sqrt(2.0))) for e in edges]
+        p = [max(cdf[s + 1] - cdf[s], 0.0) for s in range(N_SYM)]
+        total = sum(p)
+        f = [1 + math.floor(x / total * ((1 << PROB_BITS) - N_SYM)) for x in p]
+        f[max(range(N_SYM), key=lambda s: p[s])] += (1 << PROB_BITS) - sum(f)
+        freqs.append(f)
+        costs.append([PROB_BITS - math.log2(f[s]) + symbol_of(symbol_base(s))[1]
+                      for s in range(N_SYM)])
+    return freqs, costs
+
+
+def ans_plan(zs: list[int]) -> tuple[int, float]:
+    """(model, estimated bits): each family tried at its fitted scale +-2 steps."""
+    _, costs = entropy_tables()
+    hist = [0] * N_SYM
+    s1 = s2 = 0.0
+    for z in zs:
+        hist[symbol_of(z)[0]] += 1
+        s1 += float(z)
+        s2 += float(z) * float(z)
+    best_k, best = 0, math.inf
+    for fam in range(2):
+        mean = s1 / len(zs) if fam == 0 else math.sqrt(s2 / len(zs))
+        centre = 12 + round(3 * math.log2(max(mean, 1e-3)))
+        for d in range(-2, 3):
+            k = fam * 128 + min(max(centre + d, 0), 127)
+            bits = 0.0
+            for s in range(N_SYM):
+                if hist[s]:
+                    bits += hist[s] * costs[k][s]
+            if bits < best:
+                best, best_k = bits, k
+    return best_k, best
+
+
+def ans_stream(zs: list[int], model: int) -> bytes:
+    """astream of zs under ``model``: rANS run backwards, one uniform pop per <= 16 raw bits."""
+    freqs, _ = entropy_tables()
+    f = freqs[model]
+    cum = [sum(f[:s]) for s in range(N_SYM + 1)]
+    x = RANS_L
+    words: list[int] = []  # in emission order
+    for z in reversed(zs):
+        s, extra = symbol_of(z)
+        pieces = [(z >> lo) & ((1 << min(16, extra - lo)) - 1) for lo in range(0, extra, 16)]
+        widths = [min(16, extra - lo) for lo in range(0, extra, 16)]
+        for v, w in reversed(list(zip(pieces, widths, strict=True))):
+            if x >= 1 << (32 - w):
+                words.append(x & 0xFFFF)
+                x >>= 16
+            x = (x << w) | v
+        if x >= ((RANS_L >> PROB_BITS) << 16) * f[s]:
+            words.append(x & 0xFFFF)
+            x >>= 16
+        x = (x // f[s] << PROB_BITS) + x % f[s] + cum[s]
+    body = bytes([model]) + struct.pack("<I", x) + b"".join(
+        struct.pack("<H", w) for w in reversed(words))
+    return varint(len(body)) + body
+
+
+def read_ans_stream(r: Reader, m: int) -> list[int]:
+    nbytes = r.varint()
+    if nbytes < 5 or (nbytes - 5) % 2 or r.pos + nbytes > len(r.data):
+        raise ValueError("bad rANS stream length")
+    freqs, _ = entropy_tables()
+    f = freqs[r.byte()]
+    cum = [sum(f[:s]) for s in range(N_SYM + 1)]
+    (x,) = struct.unpack_from("<I", r.data, r.pos)
+    words = [w for (w,) in struct.iter_unpack("<H", r.data[r.pos + 4:r.pos + nbytes - 1])]
+    r.pos += nbytes - 1
+    if x < RANS_L:
+        raise ValueError("bad rANS state")
+
+    def refill(x: int) -> int:
+        while x < RANS_L:
+            if not words:
+                raise ValueError("rANS stream overrun")
+            x = (x << 16) | words.pop(0)
+        return x
+
+    out = []
+    for _ in range(m):
+        slot = x & ((1 << PROB_BITS) - 1)
+        s = next(i for i in range(N_SYM) if cum[i] <= slot < cum[i + 1])
+        x = refill(f[s] * (x >> PROB_BITS) + slot - cum[s])
+        z, extra, shift = symbol_base(s), symbol_of(symbol_base(s))[1], 0
+        while extra > 0:
+            w = min(16, extra)
+            z |= (x & ((1 << w) - 1)) << shift
+            x = refill(x >> w)
+            shift += w
+            extra -= w
+        out.append(unzz(z))
+    if x != RANS_L or words:
+        raise ValueError("rANS stream does not end where it began")
+    return out
+
+
+def smaller_stream(zs: list[int], prefix: bytes) -> tuple[bool, bytes]:
+    """(entropy-coded?, stream): the astream where it is strictly smaller than ``prefix``."""
+    if not zs:
+        return False, prefix
+    model, bits = ans_plan(zs)
+    if (bits + 7) // 8 + 7 >= len(prefix):
+        return False, prefix
+    ans = ans_stream(zs, model)
+    return (True, ans) if len(ans) < len(prefix) else (False, prefix)
+
+
 # ---------------------------------------------------------------------------- columns
 
 
-def enc_column(col: list[float]) -> bytes:
+def enc_column(col: list[float], entropy_coded: bool = False) -> bytes:
     bits = [f2u(v) for v in col]
     found = None if any(b == 1 << 63 for b in bits) else find_scale(col)
     if all(b == bits[0] for b in bits):
@@ -344,10 +485,16 @@ def enc_column(col: list[float]) -> bytes:
     head = bytes([e & 0xFF]) + varint(zz(n0)) + varint(g)
     if cost2 < cost1:
         lag, z2, w2, b2 = improve_lag(d, 1, z2, w2, b2)
-        out = bytes([C_DOD]) + head + bytes([lag]) + varint(zz(d[1])) + write_stream(z2, w2, b2)
+        tag, zs, stream = C_DOD, z2, write_stream(z2, w2, b2)
+        head += bytes([lag]) + varint(zz(d[1]))
     else:
         lag, z1, w1, b1 = improve_lag(m, 0, z1, w1, b1)
-        out = bytes([C_DELTA]) + head + bytes([lag]) + write_stream(z1, w1, b1)
+        tag, zs, stream = C_DELTA, z1, write_stream(z1, w1, b1)
+        head += bytes([lag])
+    if entropy_coded:
+        ans, stream = smaller_stream(zs, stream)
+        tag += (C_DELTA_ANS - C_DELTA) if ans else 0
+    out = bytes([tag]) + head + stream
     if len(out) > XOR_CHECK_BYTES * len(col) + 16:
         xor = bytes([C_XOR]) + enc_xor(bits)
         if len(xor) < len(out):
@@ -394,8 +541,11 @@ def dec_column(r: Reader, n: int) -> list[int]:
         return [v] * n
     if tag == C_XOR:
         return dec_xor(r, n)
-    if tag not in (C_CONST_INT, C_DELTA, C_DOD):
+    if tag not in (C_CONST_INT, C_DELTA, C_DOD, C_DELTA_ANS, C_DOD_ANS):
         raise ValueError(f"bad column tag {tag}")
+    read = read_stream
+    if tag in (C_DELTA_ANS, C_DOD_ANS):
+        tag, read = tag - (C_DELTA_ANS - C_DELTA), read_ans_stream
     e = r.byte()
     e = e - 256 if e > 127 else e
     if not E_MIN <= e <= E_MAX:
@@ -409,11 +559,11 @@ def dec_column(r: Reader, n: int) -> list[int]:
         raise ValueError("bad lag")
     if tag == C_DELTA:
         m = [0]
-        for i, x in enumerate(read_stream(r, n - 1), start=1):
+        for i, x in enumerate(read(r, n - 1), start=1):
             m.append(m[i - lag if i - lag >= 0 else i - 1] + x)
     else:
         d = [0, unzz(r.varint())]
-        for i, x in enumerate(read_stream(r, n - 2), start=2):
+        for i, x in enumerate(read(r, n - 2), start=2):
             d.append(d[i - lag if i - lag >= 1 else i - 1] + x)
         m = [0]
         for x in d[1:n]:
@@ -424,12 +574,12 @@ def dec_column(r: Reader, n: int) -> list[int]:
 # ---------------------------------------------------------------------------- groups
 
 
-def encode_group(ts: list[int], columns: list[list[float]]) -> bytes:
+def encode_group(ts: list[int], columns: list[list[float]], entropy_coded: bool = False) -> bytes:
     """ts: T ints; columns: k lists of T floats (column-major, unlike the kernel API)."""
     out = bytes([VERSION]) + varint(len(columns)) + varint(len(ts))
     if not ts:
         return out
-    return out + enc_ts(ts) + b"".join(enc_column(c) for c in columns)
+    return out + enc_ts(ts) + b"".join(enc_column(c, entropy_coded) for c in columns)
 
 
 def decode_group(blob: bytes) -> tuple[list[int], list[list[int]]]:

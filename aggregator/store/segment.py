@@ -19,7 +19,8 @@ Byte layout (little-endian)::
 ``kind`` says whether the record holds a whole chunk (sealed) or the samples of an open
 chunk made durable by a flush (partial); ``chunk_key`` (the chunk's first timestamp) lets
 compaction drop partial records once their chunk is sealed. The codec blob is
-:func:`aggregator.store.codec.encode_group` output (self-describing).
+:func:`aggregator.store.codec.encode_group` output (self-describing): prefix-coded as
+written on ingest, entropy-coded once compaction has rewritten the segment.
 
 Recovery: :func:`scan_segment` walks the records; the first one that is short, has a bad
 magic, or fails its CRC ends the valid prefix and the file is truncated there (a crash can
@@ -141,6 +142,21 @@ def decode_record_body(body: bytes) -> tuple[RecordInfo, bytes]:
     return RecordInfo(0, 0, kind, n, t_min, t_max, chunk_key, ids), body[end:]
 
 
+def _ids_length(form: int, k: int) -> int:
+    """Bytes of a body's ids section (see :func:`encode_ids`)."""
+    return 16 if form == 0 else 8 * k if form == 8 else 8 + form * (k - 1)
+
+
+def checked_blob(record: bytes) -> bytes:
+    """The codec blob of a whole framed record, after checking its magic, length and CRC
+    (compaction reads the records it rewrites through this); :class:`SegmentError` if bad."""
+    magic, body_len, crc = RECORD_HEADER.unpack_from(record, 0)
+    body = record[RECORD_HEADER.size:]
+    if magic != RECORD_MAGIC or len(body) != body_len or zlib.crc32(body) != crc:
+        raise SegmentError("record failed its check")
+    return body[BODY_HEADER.size + _ids_length(body[1], int.from_bytes(body[4:8], "little")):]
+
+
 def read_records_into(f: io.BufferedReader, offsets: list[int], lengths: list[int], out: memoryview,
                       at: int) -> list[tuple[int, int]]:
     """Read records (each CRC-checked) into ``out`` from byte ``at`` on, back to back.
@@ -158,8 +174,7 @@ def read_records_into(f: io.BufferedReader, offsets: list[int], lengths: list[in
         body = rec[RECORD_HEADER.size:]
         if magic != RECORD_MAGIC or len(body) != body_len or zlib.crc32(body) != crc:
             raise SegmentError(f"record at offset {offset} failed its check on read")
-        form, k = body[1], int.from_bytes(body[4:8], "little")
-        ids_len = 16 if form == 0 else 8 * k if form == 8 else 8 + form * (k - 1)
+        ids_len = _ids_length(body[1], int.from_bytes(body[4:8], "little"))
         start = at + RECORD_HEADER.size + BODY_HEADER.size + ids_len
         spans.append((start, at + length))
         at += length

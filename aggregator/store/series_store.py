@@ -11,7 +11,12 @@ appended, not to the open chunk, and data is never held only in memory past a fl
 Partial records are superseded once their chunk is sealed: reads skip them, and
 compaction (:meth:`SeriesStore.maintain`, run by ``flush`` when a tier's newest sample enters
 a new segment) rewrites each finished segment once without them (write, fsync, rename) and
-saves its index beside it. Retention deletes whole segments by event time.
+saves its index beside it. With ``StoreConfig.compact_recode`` (off by default) it also
+recodes every chunk it keeps with the codec's rANS stage (``entropy_coded``) and joins
+sealed chunks of a group: smaller, at about half the encode speed and a slower decode of
+what it wrote, so it is paid once per finished segment, off the ingest path that seals
+chunks with the fast prefix codes. Reads decode either form. Retention deletes whole
+segments by event time.
 
 Read path: per tier, series map to groups (:class:`~aggregator.store.index.GroupRegistry`);
 per segment, a columnar record index (loaded from the saved ``.idx`` of a finished segment,
@@ -33,7 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -46,6 +51,7 @@ from aggregator.store.segment import (
     KIND_PARTIAL,
     KIND_SEALED,
     SegmentError,
+    checked_blob,
     encode_record,
     fsync_dir,
     parse_segment_name,
@@ -64,6 +70,8 @@ _DAY: Final = 24 * _HOUR
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
+_Rec = tuple[int, int, int, int, int, bytes]
+"""A record compaction writes: group, t_min, t_max, kind, chunk key, the framed bytes."""
 
 
 class StoreError(Exception):
@@ -132,6 +140,13 @@ class StoreConfig:
     maintain_retry_s: float = 60.0
     """After the disk refused a compaction (a segment rewrite needs the segment's size
     free), how long flush() waits before it tries again; the data itself is durable."""
+    compact_recode: bool = False
+    """Compaction also re-encodes each finished segment: every chunk entropy-coded (codec
+    tags 7/8) and up to ``COMPACT_CHUNKS`` sealed chunks of a group joined into one record
+    where that is smaller. 22-35 % below VictoriaMetrics on the compression benchmark, but
+    the compacted form decodes at 0.4-0.9x the speed of the sealed one and the re-encode
+    runs inside flush(), so it is off by default; off, compaction only drops superseded
+    partial records. Reads decode tags 7/8 whatever this says."""
 
     def validate(self) -> None:
         if not self.tiers:
@@ -217,6 +232,13 @@ class _HeadGroup:
         ts, values = np.empty(rows, np.int64), np.empty((rows, self.values.shape[1]))
         ts[:self.n], values[:self.n] = self.ts[:self.n], self.values[:self.n]
         self.ts, self.values = ts, values
+
+
+COMPACT_CHUNKS: Final = 4
+"""Sealed chunks of a group that compaction joins into one record when
+``StoreConfig.compact_recode`` is on (each chunk restarts its columns' headers and the rANS
+state; four per record cost 5-6 % fewer bytes on noisy fleets while a read still decodes at
+most four chunks' worth around its range)."""
 
 
 class StoreWriteError(StoreError, OSError):
@@ -680,7 +702,7 @@ class SeriesStore:
         for seg in list(self._segments[tier].values()):
             if seg.end_ms > now_ms or seg.indexed:
                 continue
-            if KIND_PARTIAL in seg.records.kind:
+            if self.config.compact_recode or KIND_PARTIAL in seg.records.kind:
                 self._rewrite(tier, seg)
                 rewritten += 1
             else:
@@ -689,6 +711,9 @@ class SeriesStore:
         return rewritten
 
     def _rewrite(self, tier: str, seg: _Segment) -> None:
+        """Write a finished segment anew without its superseded partial records (write,
+        fsync, rename), each kept record copied as it is or, with ``compact_recode``,
+        re-encoded (:meth:`_recoded`); then save its index."""
         recs = seg.records
         sealed = {(int(recs.gid[i]), recs.chunk_key[i])
                   for i in range(recs.n) if recs.kind[i] == KIND_SEALED}
@@ -701,12 +726,11 @@ class SeriesStore:
                 open(tmp, "wb") as dst:
             dst.write(write_file_header(seg.start_ms, seg.span_ms))
             offset = FILE_HEADER.size
-            for i in keep:
-                src.seek(recs.offset[i])
-                raw = src.read(recs.length[i])
+            records = self._recoded(tier, seg, src, keep) if self.config.compact_recode \
+                else _copied(recs, src, keep)
+            for gid, t_min, t_max, kind, chunk_key, raw in records:
                 dst.write(raw)
-                new.add(int(recs.gid[i]), int(recs.t_min[i]), int(recs.t_max[i]), recs.kind[i],
-                        recs.chunk_key[i], offset, len(raw))
+                new.add(gid, t_min, t_max, kind, chunk_key, offset, len(raw))
                 offset += len(raw)
             dst.flush()
             os.fsync(dst.fileno())
@@ -715,6 +739,34 @@ class SeriesStore:
         seg.records = new
         seg.size = offset
         self._save_index(tier, seg)
+
+    def _recoded(self, tier: str, seg: _Segment, src: BinaryIO,
+                 keep: list[int]) -> Iterator[_Rec]:
+        """The kept records of ``seg`` entropy-coded, sealed runs of a group joined where
+        that is smaller (:func:`_merge_runs`, :func:`compacted_blobs`); StoreError if one
+        cannot be read (the segment is then left as it was)."""
+        recs = seg.records
+        for run in _merge_runs(recs, keep):
+            members = []
+            sealed_bytes = 0
+            for i in run:
+                src.seek(recs.offset[i])
+                try:
+                    blob = checked_blob(src.read(recs.length[i]))
+                    members.append(codec.decode_group(blob))
+                except (SegmentError, codec.CodecError) as exc:
+                    raise StoreError(f"{seg.path}: compaction cannot read a record ({exc}); "
+                                     "the segment is left as it was") from exc
+                sealed_bytes += len(blob)
+            blobs = compacted_blobs(members, sealed_bytes)
+            parts = [(run, np.concatenate([m[0] for m in members]))] if len(blobs) == 1 \
+                else [([i], m[0]) for i, m in zip(run, members, strict=True)]
+            for (rows, ts), blob in zip(parts, blobs, strict=True):
+                first, gid = rows[0], int(recs.gid[rows[0]])
+                t_min, t_max = int(ts.min()), int(ts.max())
+                raw = encode_record(recs.kind[first], self._groups[tier].ids[gid], ts.size,
+                                    t_min, t_max, int(recs.chunk_key[first]), blob)
+                yield gid, t_min, t_max, recs.kind[first], recs.chunk_key[first], raw
 
     def _save_index(self, tier: str, seg: _Segment) -> None:
         idx = _index_path(seg.path)
@@ -753,21 +805,66 @@ class SeriesStore:
             raise StoreError("the store is closed")
 
 
+def compacted_blobs(members: list[tuple[I64, F64]], sealed_bytes: int) -> list[bytes]:
+    """What compaction writes for a run of chunks (ts, values[T, k]) of one group.
+
+    One entropy-coded chunk of them all where that is smaller than the ``sealed_bytes``
+    they took as sealed, else each entropy-coded on its own (a NaN in one chunk turns its
+    whole joined column to XOR, and one chunk's jump can widen every residual)."""
+    if len(members) > 1:
+        joined = codec.encode_group(np.concatenate([m[0] for m in members]),
+                                    np.concatenate([m[1] for m in members]), entropy_coded=True)
+        if len(joined) < sealed_bytes:
+            return [joined]
+    return [codec.encode_group(ts, values, entropy_coded=True) for ts, values in members]
+
+
+def _merge_runs(recs: RecordIndex, keep: list[int]) -> list[list[int]]:
+    """The kept records (file order) cut into runs that compaction writes as one record each.
+
+    A run is up to :data:`COMPACT_CHUNKS` sealed records of one group, each the group's next
+    in the file and wholly later in time than the one before, so that reads (last write
+    wins in file order) see the same samples; any other record stays a run of its own. The
+    runs come out in the file order of their first record.
+    """
+    runs: list[list[int]] = []
+    last: dict[int, list[int]] = {}  # group -> its latest run
+    for i in keep:
+        g = int(recs.gid[i])
+        run = last.get(g)
+        if (run is not None and len(run) < COMPACT_CHUNKS and recs.kind[i] == KIND_SEALED
+                and recs.kind[run[-1]] == KIND_SEALED and recs.t_min[i] > recs.t_max[run[-1]]):
+            run.append(i)
+        else:
+            last[g] = [i]
+            runs.append(last[g])
+    return runs
+
+
+def _copied(recs: RecordIndex, src: BinaryIO, keep: list[int]) -> Iterator[_Rec]:
+    """The kept records as they are on disk (compaction without ``compact_recode``)."""
+    for i in keep:
+        src.seek(recs.offset[i])
+        yield (int(recs.gid[i]), int(recs.t_min[i]), int(recs.t_max[i]), recs.kind[i],
+               recs.chunk_key[i], src.read(recs.length[i]))
+
+
 def _index_path(segment: Path) -> Path:
     return segment.with_suffix(".idx")
 
 
 @contextlib.contextmanager
 def _refused_as_store_write_error(tmp: Path) -> Iterator[None]:
-    """A whole-file rewrite through ``tmp`` that the disk refused: ``tmp`` removed (it
-    holds the space the disk lacks), StoreWriteError raised; the original file stands."""
+    """A whole-file rewrite through ``tmp`` that failed: ``tmp`` removed (it holds the space
+    the disk lacks) and the original file stands; a refusal by the disk is raised as
+    StoreWriteError."""
     try:
         yield
-    except OSError as exc:
-        if isinstance(exc, StoreWriteError):
-            raise
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
-        raise StoreWriteError(f"cannot write {tmp}: {exc.strerror or exc}") from exc
+        if isinstance(exc, OSError) and not isinstance(exc, StoreWriteError):
+            raise StoreWriteError(f"cannot write {tmp}: {exc.strerror or exc}") from exc
+        raise
 
 
 class _Pieces:
