@@ -5,14 +5,21 @@ every GPU in it a little. No single GPU looks wrong against its node peers (they
 which is why the per-GPU ``thermal_excess`` rule subtracts them), but each is hotter than its
 own thermal model predicts for its power. So per rack and closed window of
 ``detector.rack_windows`` (the mean of its GPUs' residuals, degC): the rule opens once the
-mean has stayed at ``excess_c`` or more for ``after_s`` and resolves at the first window
-below half of that (a rack mean is smooth, and opening again takes ``after_s`` of heat;
-a die with a minute's thermal lag is still hot for minutes after its air recovers, so a
-hold would keep the alert open well past the trouble). A workload cannot produce it: a job that starts or ends
-moves power, which the models account for, and on a rack of dozens of GPUs their errors
-average out. An inlet that swings with the day is learned by the models' four-hour memory.
+mean has stayed at ``excess_c`` or more for ``after_s``. A workload cannot produce it: a job
+that starts or ends moves power, which the models account for, and on a rack of dozens of
+GPUs their errors average out. An inlet that swings with the day is learned by the models'
+four-hour memory.
 
-Vectorised over the racks of a call; the state is two arrays per rack.
+It resolves at the first window below half of ``excess_c`` (the rack is cool again), or
+sooner, once the trouble is over: when the mean has fallen in ``FALLING_WINDOWS`` windows in a
+row to half of its peak or less. A die cools with its thermal lag after its air recovers, so
+waiting for it to be cool kept the alert open for up to three lags (minutes, on liquid-cooled
+dies) past the trouble; a mean that halves and keeps falling is that cooling, not trouble.
+A rack that recovered that way and heats again must rise ``excess_c`` above the lowest mean
+of its recovery (``floor_c``), for ``after_s``, to open again: a slow decay that is still
+above ``excess_c`` is the same recovery, not a new fault.
+
+Vectorised over the racks of a call; the state is a few arrays per rack.
 """
 
 from __future__ import annotations
@@ -22,17 +29,25 @@ import numpy.typing as npt
 
 __all__ = ["RackHeat"]
 
+FALLING_WINDOWS = 2
+"""Consecutive falling windows (of ``detector.rack_windows``) that make a decay."""
+
 
 class RackHeat:
-    """Per-rack hot timer and open flag."""
+    """Per-rack hot timer, open flag, and what the recovery needs: peak, last mean, how many
+    windows in a row it fell, and the floor a re-heat is measured from."""
 
-    ARRAYS = ("hot_since_ms", "open")
+    ARRAYS = ("hot_since_ms", "open", "peak_c", "last_c", "falling", "floor_c")
 
     def __init__(self, excess_c: float, after_s: float) -> None:
         self.excess_c = excess_c
         self.after_ms = int(after_s * 1000)
         self.hot_since_ms = np.zeros(0, dtype=np.int64)
         self.open = np.zeros(0, dtype=bool)
+        self.peak_c = np.zeros(0, dtype=np.float64)
+        self.last_c = np.zeros(0, dtype=np.float64)
+        self.falling = np.zeros(0, dtype=np.int32)
+        self.floor_c = np.zeros(0, dtype=np.float64)
 
     def ensure(self, n: int) -> None:
         extra = n - len(self.open)
@@ -45,20 +60,38 @@ class RackHeat:
              end_ms: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64],
                                                      npt.NDArray[np.int64]]:
         """Advance closed windows (one per rack); returns (rows opened, rows resolved)."""
-        hot = mean_resid_c >= self.excess_c
-        cool = mean_resid_c < 0.5 * self.excess_c
+        x = mean_resid_c
+        cool = x < 0.5 * self.excess_c
+        # A recovered rack's floor follows its decay down and is gone once it is cool.
+        floor = np.where(cool, 0.0, np.minimum(self.floor_c[racks], np.maximum(x, 0.0)))
+        hot = (x >= self.excess_c) & (x >= floor + self.excess_c)
         since = self.hot_since_ms[racks]
         since = np.where(hot, np.where(since > 0, since, end_ms), 0)
         was = self.open[racks]
+        falling = np.where(x < self.last_c[racks], self.falling[racks] + 1, 0)
+        peak = np.where(was, np.maximum(self.peak_c[racks], x), x)
+        decayed = (falling >= FALLING_WINDOWS) & (x <= 0.5 * peak)
         opens = ~was & hot & (end_ms - since >= self.after_ms)
-        resolves = was & cool
+        resolves = was & (cool | decayed)
+        recovered = resolves & ~cool
+        floor = np.where(recovered, np.maximum(x, 0.0), np.where(opens, 0.0, floor))
+        since = np.where(recovered, 0, since)
         self.hot_since_ms[racks] = since
         self.open[racks] = (was & ~resolves) | opens
+        self.peak_c[racks] = peak
+        self.last_c[racks] = x
+        self.falling[racks] = falling
+        self.floor_c[racks] = floor
         return np.flatnonzero(opens), np.flatnonzero(resolves)
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:
         return {f"rack_heat.{k}": getattr(self, k).copy() for k in self.ARRAYS}
 
     def load_arrays(self, arrays: dict[str, npt.NDArray[np.generic]]) -> None:
+        n = len(arrays["rack_heat.open"])
         for k in self.ARRAYS:
-            setattr(self, k, np.array(arrays[f"rack_heat.{k}"], dtype=getattr(self, k).dtype))
+            dtype = getattr(self, k).dtype
+            # A checkpoint from before the recovery arrays: no rack is recovering.
+            got = arrays.get(f"rack_heat.{k}")
+            setattr(self, k, np.zeros(n, dtype=dtype) if got is None
+                    else np.array(got, dtype=dtype))

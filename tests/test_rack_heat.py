@@ -1,0 +1,83 @@
+"""The rack heat rule on its own (``detector.rack_heat``): when it opens, and that it resolves
+when the rack's trouble is over rather than minutes later when its dies are cool again."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from detector.rack_heat import RackHeat
+
+WINDOW_S = 10.0
+
+
+def _run(excess: npt.NDArray[np.float64]) -> list[tuple[str, float]]:
+    """Feed one rack's mean residual per 10 s window; returns (opened|resolved, time s)."""
+    heat = RackHeat(excess_c=4.0, after_s=60.0)
+    heat.ensure(1)
+    racks = np.zeros(1, dtype=np.int64)
+    out: list[tuple[str, float]] = []
+    for i, x in enumerate(excess):
+        end_s = (i + 1) * WINDOW_S
+        opened, resolved = heat.step(racks, np.array([x]), np.array([int(end_s * 1000)]))
+        out += [("opened", end_s)] * len(opened) + [("resolved", end_s)] * len(resolved)
+    return out
+
+
+def _cooling_fault(tau_s: float, peak_c: float = 20.0, noise_c: float = 0.0,
+                   seed: int = 0) -> npt.NDArray[np.float64]:
+    """Inlet +peak from 300 s (ramp 120 s) to 1500 s; the dies follow with lag tau."""
+    t = np.arange(0.0, 3600.0, 1.0)
+    inlet = np.clip((t - 300.0) / 120.0, 0.0, 1.0) * peak_c * (t < 1500.0)
+    die = np.zeros_like(t)
+    for i in range(1, len(t)):
+        die[i] = die[i - 1] + (inlet[i] - die[i - 1]) / tau_s
+    die += np.random.default_rng(seed).normal(0.0, noise_c, len(t))
+    return die.reshape(-1, int(WINDOW_S)).mean(axis=1)
+
+
+def test_opens_after_the_hold_and_resolves_as_the_dies_cool_not_when_they_are_cool() -> None:
+    for tau in (7.0, 30.0, 90.0):
+        events = _run(_cooling_fault(tau))
+        assert [e for e, _ in events] == ["opened", "resolved"], (tau, events)
+        (_, opened), (_, resolved) = events
+        assert 300.0 < opened < 300.0 + 120.0 + tau + 120.0
+        # Half the peak is reached about 0.7 lags after the air recovers at 1500 s; the
+        # old rule (cool = below 2 degC) waited about 2.3 lags.
+        assert 1500.0 < resolved <= 1500.0 + 0.7 * tau + 4 * WINDOW_S, (tau, resolved)
+
+
+def test_a_noisy_plateau_and_a_partial_recovery_keep_it_open() -> None:
+    x = _cooling_fault(60.0, noise_c=1.5, seed=3)[:150]  # up to 1500 s: still in trouble
+    assert [e for e, _ in _run(x)] == ["opened"]
+    # The trouble eases from 20 to 12 degC and stays there: not halved, still open.
+    t = np.arange(0.0, 3000.0, WINDOW_S)
+    partial = np.where(t < 600, np.clip((t - 100) / 120, 0, 1) * 20.0,
+                       12.0 + 8.0 * np.exp(-(t - 600) / 60.0))
+    assert [e for e, _ in _run(partial)] == ["opened"]
+
+
+def test_a_recovered_rack_that_heats_again_opens_again_but_its_decay_does_not() -> None:
+    t = np.arange(0.0, 4000.0, WINDOW_S)
+    # 30 degC of trouble until 1000 s, a slow decay (lag 300 s: above 4 degC for ten
+    # minutes), then the trouble is back at 2500 s.
+    x = np.where(t < 1000, np.clip((t - 100) / 120, 0, 1) * 30.0,
+                 30.0 * np.exp(-(t - 1000) / 300.0))
+    x = np.where(t >= 2500, x + np.clip((t - 2500) / 120, 0, 1) * 20.0, x)
+    events = _run(x)
+    assert [e for e, _ in events] == ["opened", "resolved", "opened"], events
+    assert events[1][1] < 1000 + 300 and events[2][1] > 2500
+
+
+def test_state_survives_a_checkpoint_and_an_old_checkpoint_loads() -> None:
+    heat = RackHeat(4.0, 60.0)
+    heat.ensure(3)
+    heat.step(np.arange(3), np.array([5.0, 1.0, 9.0]), np.full(3, 10_000))
+    again = RackHeat(4.0, 60.0)
+    again.load_arrays(heat.state_arrays())
+    for k in RackHeat.ARRAYS:
+        assert np.array_equal(getattr(again, k), getattr(heat, k)), k
+    old = {k: v for k, v in heat.state_arrays().items()
+           if k in ("rack_heat.hot_since_ms", "rack_heat.open")}
+    again.load_arrays(old)
+    assert len(again.floor_c) == 3 and not again.floor_c.any()
