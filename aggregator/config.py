@@ -28,6 +28,11 @@ class AggregatorConfig:
     row_lateness_ms: int = 300_000
     """Row/cluster stage: a parent window closes when all its children moved past it, or
     (a dead rack) when the most advanced child is this far past the window's end."""
+    row_settle_ms: int = 60_000
+    """Row/cluster stage: for this long (event time) after a row or cluster is first seen,
+    its windows close only by lateness, so a rack whose first rollup comes late (an instance
+    slower to start) is still counted in them. The first windows are published this much
+    later; after that it costs nothing."""
     commit_interval_ms: int = 10_000
     """How often to flush the store, checkpoint and commit offsets. Each flush writes one
     record per group with new points, so a longer interval is cheaper: at 30,000 GPUs and
@@ -79,8 +84,10 @@ class AggregatorConfig:
         return host or "127.0.0.1", int(port)
 
     def validate(self) -> None:
-        if self.lateness_ms < 0 or self.row_lateness_ms < 0 or self.max_future_ms < 0:
-            raise ConfigError("lateness must not be negative")
+        if min(self.lateness_ms, self.row_lateness_ms, self.row_settle_ms,
+               self.max_future_ms) < 0:
+            raise ConfigError("lateness_ms, row_lateness_ms, row_settle_ms and max_future_ms "
+                              "must not be negative")
         if self.commit_interval_ms < 10 or self.max_batch < 1:
             raise ConfigError("commit_interval_ms >= 10 and max_batch >= 1")
         host, _, port = self.listen.rpartition(":")

@@ -15,9 +15,12 @@ independent of how fast the different sample partitions were consumed (a backlog
 runs them at very different speeds). Children arriving for a closed window are counted as
 late. Children are merged in name order, so sums are bit-for-bit the same on every replay.
 
-"Every child" means every child this partition has seen (persisted in the checkpoint): a
-rack whose very first rollup arrives after its row's windows closed on its siblings'
-progress is late for those windows. After the first minutes every rack is known.
+"Every child" means every child this partition has seen (persisted in the checkpoint). So
+that a rack whose first rollup comes a little after its siblings' (an instance slower to
+start, a partition consumed later) is not late for the first windows, a parent closes on
+its children's progress only once ``settle`` of event time has passed since the parent
+was first seen; until then only lateness closes its windows. A rack that first appears
+later than that (a rack added to a running fleet) is late for the windows already closed.
 """
 
 from __future__ import annotations
@@ -126,6 +129,8 @@ class _Part:
     first_offset: dict[tuple[ParentKey, int], int] = field(default_factory=dict)
     child_wm: dict[ParentKey, dict[str, int]] = field(default_factory=dict)
     """Per parent, the newest window start each child reported."""
+    first_ms: dict[ParentKey, int] = field(default_factory=dict)
+    """Per parent, the window start of the first frame seen (when its settle began)."""
     position: int = 0
     tiers: dict[ParentKey, _ParentTiers] = field(default_factory=dict)
 
@@ -138,11 +143,12 @@ class RowStage:
     """Row and cluster rollups for the rollups-topic partitions this instance owns."""
 
     def __init__(self, store: SeriesStore, index: EntityIndex, *, topic: str,
-                 lateness_ms: int = 300_000) -> None:
+                 lateness_ms: int = 300_000, settle_ms: int = 60_000) -> None:
         self.store = store
         self.index = index
         self.topic = topic
         self.lateness = lateness_ms
+        self.settle = settle_ms
         self.parts: dict[int, _Part] = {}
         self.late = 0
         self.decode_errors = 0
@@ -158,6 +164,9 @@ class RowStage:
             part.child_wm = {
                 (lv, cl, rw): dict(children)
                 for lv, cl, rw, children in ckpt.extra.get("child_wm", [])}
+            # a checkpoint from before first_ms: its parents' children are long known
+            first = {(lv, cl, rw): int(ms) for lv, cl, rw, ms in ckpt.extra.get("first_ms", [])}
+            part.first_ms = {k: first.get(k, _NEG_INF) for k in part.child_wm}
         self.parts[partition] = part
         return part.position
 
@@ -189,7 +198,8 @@ class RowStage:
                 parent = ("cluster", fr.cluster, "")
                 child = fr.row
             wms = part.child_wm.setdefault(parent, {})
-            if self._closed(wms, fr.start_ms):
+            first = part.first_ms.setdefault(parent, fr.start_ms)
+            if self._closed(wms, first, fr.start_ms):
                 self.late += 1
                 continue
             wms[child] = max(wms.get(child, _NEG_INF), fr.start_ms)
@@ -201,18 +211,19 @@ class RowStage:
             out.extend(self._close_due(p))
         return dead, out
 
-    def _closed(self, wms: dict[str, int], start: int) -> bool:
+    def _closed(self, wms: dict[str, int], first_ms: int, start: int) -> bool:
         """Whether the parent window starting at ``start`` is complete (see module doc)."""
         if not wms:
             return False
         newest = max(wms.values())
         if start + WINDOW_MS + self.lateness <= newest:
             return True
-        return min(wms.values()) > start
+        return newest - first_ms >= self.settle and min(wms.values()) > start
 
     def _close_due(self, partition: int) -> list[RollupFrame]:
         part = self.parts[partition]
-        due = sorted((k for k in part.open if self._closed(part.child_wm[k[0]], k[1])),
+        due = sorted((k for k in part.open
+                      if self._closed(part.child_wm[k[0]], part.first_ms[k[0]], k[1])),
                      key=lambda k: (k[1], k[0]))
         out = []
         ends: dict[ParentKey, int] = {}
@@ -301,7 +312,8 @@ class RowStage:
             position=part.position, watermark=part.watermark,
             extra={"tiers": [[*k, v.to_json(self.index, self.store)]
                              for k, v in part.tiers.items()],
-                   "child_wm": [[*k, v] for k, v in part.child_wm.items()]})
+                   "child_wm": [[*k, v] for k, v in part.child_wm.items()],
+                   "first_ms": [[*k, v] for k, v in part.first_ms.items()]})
 
     def open_windows(self) -> int:
         return sum(len(p.open) for p in self.parts.values())

@@ -199,7 +199,7 @@ class AggregatorService:
                               lateness_ms=cfg.lateness_ms, raw=cfg.raw,
                               max_future_ms=cfg.max_future_ms)
         self.row = RowStage(self.store, self.index, topic=self.topics.rollups,
-                            lateness_ms=cfg.row_lateness_ms)
+                            lateness_ms=cfg.row_lateness_ms, settle_ms=cfg.row_settle_ms)
         self.remote_write = None if not cfg.remote_write.url else RemoteWriter(
             cfg.remote_write, self.store, self.index,
             Path(cfg.remote_write.queue_dir or data / "remote_write"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -90,3 +91,15 @@ def stored_points(store: SeriesStore, index: EntityIndex, tiers: Sequence[str]
             ts, vals = r.series(i)
             for t, v in zip(ts.tolist(), vals.tolist(), strict=True):
                 yield (tier, index.keys[eid], metric, agg, t), np.float64(v).tobytes()
+
+
+def process_all(stage: Any, msgs: list[Message]) -> tuple[list[Any], list[Any]]:
+    """``stage.process(msgs)`` and then whatever it deferred: a rack stage closes due windows
+    within a wall-clock budget per batch, which a first numba compile (a cold cache, a fresh
+    clone) can spend alone; the service closes the rest on its next, empty, batch."""
+    dead, out = stage.process(msgs)
+    while stage.pending_close():
+        more_dead, more = stage.process([])
+        dead += more_dead
+        out += more
+    return dead, out

@@ -26,7 +26,7 @@ _SCRIPT = textwrap.dedent("""
     import numpy as np
 
     sys.path.insert(0, str(Path(sys.argv[1])))
-    from test_aggregator_support import make_fleet, open_store
+    from test_aggregator_support import make_fleet, open_store, process_all
 
     from aggregator.query_engine import QueryEngine, QueryLimits
     from aggregator.rack_stage import RackStage
@@ -52,10 +52,10 @@ _SCRIPT = textwrap.dedent("""
     store = open_store(tmp / "store")
     index = EntityIndex(tmp / "entities.jsonl")
     rack = RackStage(store, index, topic="s", lateness_ms=5000)
-    row = RowStage(store, index, topic="r", lateness_ms=60_000)
+    row = RowStage(store, index, topic="r", lateness_ms=60_000, settle_ms=0)
     fl = make_fleet(n_racks=4, nodes_per_rack=2, gpus=4, seconds=150, partitions=2, rows=2,
                     ticks_per_frame=5)
-    _, rollups = rack.process(fl.messages)
+    _, rollups = process_all(rack, fl.messages)
     msgs = [Message("r", 0, i, f.row.encode(), encode_rollup(f), 0)
             for i, f in enumerate(rollups)]
     row.process(msgs)

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_aggregator_support import ENERGY, POWER, PSTATE, T0, TEMP, make_fleet, open_store
+from test_aggregator_support import (
+    ENERGY,
+    POWER,
+    PSTATE,
+    T0,
+    TEMP,
+    make_fleet,
+    open_store,
+    process_all,
+)
 
 from aggregator.checkpoint import (
     PartitionCheckpoint,
@@ -64,7 +73,7 @@ def _windows(ts, width=10_000):
 def test_gpu_node_rack_rollups_match_numpy(tmp_path):
     fl = make_fleet(seconds=60)
     st, store, index = _stage(tmp_path)
-    dead, rollups = st.process(fl.messages)
+    dead, rollups = process_all(st, fl.messages)
     assert dead == []
     # windows close once the watermark (last ts) passes end + lateness
     closed = [w for w in np.unique(_windows(fl.ts)) if w + 10_000 + LATE <= fl.ts[-1]]
@@ -114,7 +123,7 @@ def test_gpu_node_rack_rollups_match_numpy(tmp_path):
 def test_counter_increase_handles_resets(tmp_path):
     fl = make_fleet(seconds=60)
     st, store, index = _stage(tmp_path)
-    st.process(fl.messages)
+    process_all(st, fl.messages)
     node0 = fl.nodes[0]  # its energy counter resets at t=30 s
     for g in range(4):
         e = fl.values[0][:, g, 2]
@@ -132,7 +141,7 @@ def test_counter_increase_handles_resets(tmp_path):
 def test_rack_sketch_quantile_within_error_bound(tmp_path):
     fl = make_fleet(seconds=60, nodes_per_rack=3, gpus=8)
     st, store, index = _stage(tmp_path)
-    st.process(fl.messages)
+    process_all(st, fl.messages)
     from aggregator.query_engine import QueryEngine
 
     qe = QueryEngine(store, index)
@@ -176,7 +185,7 @@ def test_late_duplicate_and_malformed_input(tmp_path):
 
 def _run_all(tmp_path, name, fl):
     st, store, index = _stage(tmp_path, name)
-    st.process(fl.messages)
+    process_all(st, fl.messages)
     return st, store, index
 
 

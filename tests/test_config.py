@@ -56,3 +56,17 @@ def test_errors_name_the_field(tmp_path: Path, toml: str, message: str) -> None:
 def test_missing_file() -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(Sample, "/nonexistent/fleetpulse.toml")
+
+
+def test_shipped_aggregator_config_loads_and_rejects_a_negative_settle(tmp_path: Path) -> None:
+    from aggregator.config import AggregatorConfig
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(AggregatorConfig, root / "config" / "aggregator.toml",
+                      env_prefix="FLEETPULSE_AGGREGATOR_",
+                      environ={"FLEETPULSE_AGGREGATOR_ROW_SETTLE_MS": "150000"})
+    assert cfg.row_settle_ms == 150_000 and cfg.row_lateness_ms == 300_000
+    path = tmp_path / "a.toml"
+    path.write_text("row_settle_ms = -1\n")
+    with pytest.raises(ConfigError, match="row_settle_ms"):
+        load_config(AggregatorConfig, path)

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 from prometheus import Prometheus, config, needs_prometheus
+from test_aggregator_support import process_all
 
 from agent.fleet import FleetModel, Topology
 from agent.fleet.model import METRIC_IDS
@@ -67,9 +68,10 @@ def fleet_store(tmp_path_factory):
     store = SeriesStore(StoreConfig(path=str(path / "store"), fsync=False))
     index = EntityIndex(path / "entities.jsonl")
     start = 1_767_225_600_000
-    _, rollups = RackStage(store, index, topic="t.samples", lateness_ms=5000).process(
-        _fleet_messages(start))
-    rows = RowStage(store, index, topic="t.rollups", lateness_ms=60_000)
+    _, rollups = process_all(RackStage(store, index, topic="t.samples", lateness_ms=5000),
+                             _fleet_messages(start))
+    # one stage sees every rack from the start: nothing to settle
+    rows = RowStage(store, index, topic="t.rollups", lateness_ms=60_000, settle_ms=0)
     offset = 0
     while rollups:  # racks -> rows, then the rows' own rollups -> cluster
         msgs = [Message("t.rollups", 0, offset + i, fr.row.encode(), encode_rollup(fr), 0)

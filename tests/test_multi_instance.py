@@ -166,6 +166,9 @@ _AGG_ENV = {
     "FLEETPULSE_AGGREGATOR_COMMIT_INTERVAL_MS": "300",
     "FLEETPULSE_AGGREGATOR_LATENESS_MS": "5000",
     "FLEETPULSE_AGGREGATOR_ROW_LATENESS_MS": "600000",
+    # Event time runs 25x wall time here: an instance a few seconds slower to start puts
+    # its racks' first rollups a minute or more (event time) behind their siblings'.
+    "FLEETPULSE_AGGREGATOR_ROW_SETTLE_MS": "150000",
     "FLEETPULSE_AGGREGATOR_SAMPLES_PARTITIONS": str(PARTITIONS),
     "FLEETPULSE_AGGREGATOR_ROLLUPS_PARTITIONS": "3",
     "FLEETPULSE_AGGREGATOR_MAX_FUTURE_MS": "0",
@@ -386,7 +389,7 @@ async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_insta
     ref_cfg = AggregatorConfig(
         transport=TransportConfig(bootstrap=bootstrap, topic_prefix=ref.prefix),
         data_dir=str(tmp_path / "ref"), listen="127.0.0.1:0", group_id=f"{ref.prefix}-agg",
-        commit_interval_ms=300, lateness_ms=5000, row_lateness_ms=600_000,
+        commit_interval_ms=300, lateness_ms=5000, row_lateness_ms=600_000, row_settle_ms=150_000,
         samples_partitions=PARTITIONS, rollups_partitions=3, max_future_ms=0,
         max_series=1_000_000, max_batch=50, fsync=False)
     # max_batch as the instances': a stage closes due windows only while batches come (a

@@ -17,7 +17,7 @@ import aiohttp
 import orjson
 import pytest
 from prometheus_client import generate_latest
-from test_aggregator_support import make_fleet
+from test_aggregator_support import make_fleet, process_all
 from test_detector_support import frame, healthy, small_config, timestamps
 
 from aggregator.config import AggregatorConfig
@@ -108,7 +108,8 @@ async def test_aggregator_dead_letters_bad_samples_and_rollups_and_goes_on(
     # a real rack rollup to mutilate: the rack stage's own output over the same fleet
     store = SeriesStore(StoreConfig(path=str(tmp_path / "ref"), fsync=False))
     index = EntityIndex(tmp_path / "ref-entities.jsonl")
-    _, rollups = RackStage(store, index, topic="t.samples", lateness_ms=5000).process(fl.messages)
+    _, rollups = process_all(RackStage(store, index, topic="t.samples", lateness_ms=5000),
+                              fl.messages)
     index.close()
     store.close()
     rollup = encode_rollup(rollups[0])

@@ -11,7 +11,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from test_aggregator_support import T0, make_fleet
+from test_aggregator_support import T0, make_fleet, process_all
 
 from aggregator.config import AggregatorConfig
 from aggregator.http_api import build_query_app, openapi_document
@@ -37,7 +37,7 @@ def filled(tmp_path):
     store = SeriesStore(StoreConfig(path=str(tmp_path / "store"), fsync=False))
     index = EntityIndex(tmp_path / "entities.jsonl")
     fl = make_fleet(n_racks=4, nodes_per_rack=2, gpus=4, seconds=120, partitions=2)
-    RackStage(store, index, topic="t.samples", lateness_ms=5000).process(fl.messages)
+    process_all(RackStage(store, index, topic="t.samples", lateness_ms=5000), fl.messages)
     yield store, index, fl
     index.close()
     store.close()

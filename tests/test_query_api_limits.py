@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_aggregator_support import T0, make_fleet
+from test_aggregator_support import T0, make_fleet, process_all
 
 from aggregator.http_api import MAX_BODY, MAX_QUERY_CHARS, build_query_app, openapi_document
 from aggregator.http_errors import JsonErrorRunner
@@ -82,7 +82,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Server]:
     store = SeriesStore(StoreConfig(path=str(tmp / "store"), fsync=False))
     index = EntityIndex(tmp / "entities.jsonl")
     fl = make_fleet(n_racks=4, nodes_per_rack=2, gpus=4, seconds=120, partitions=2)
-    RackStage(store, index, topic="t.samples", lateness_ms=5000).process(fl.messages)
+    process_all(RackStage(store, index, topic="t.samples", lateness_ms=5000), fl.messages)
     reads = {"n": 0}
     real_read = store.read
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestServer
 from prometheus import Prometheus, config, needs_prometheus
-from test_aggregator_support import ENERGY, POWER, T0, TEMP, make_fleet
+from test_aggregator_support import ENERGY, POWER, T0, TEMP, make_fleet, process_all
 
 from aggregator import prom_wire
 from aggregator.http_api import build_query_app
@@ -46,8 +46,8 @@ class Instance:
     def __init__(self, path: Path, fl, partition: int) -> None:
         self.store = SeriesStore(StoreConfig(path=str(path / "store"), fsync=False))
         self.index = EntityIndex(path / "entities.jsonl")
-        RackStage(self.store, self.index, topic="t.samples", lateness_ms=5000).process(
-            [m for m in fl.messages if m.partition == partition])
+        process_all(RackStage(self.store, self.index, topic="t.samples", lateness_ms=5000),
+                    [m for m in fl.messages if m.partition == partition])
         self.engine = QueryEngine(self.store, self.index)
 
     def close(self) -> None:

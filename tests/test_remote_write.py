@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from test_aggregator_support import T0, make_fleet
+from test_aggregator_support import T0, make_fleet, process_all
 from victoria import VictoriaMetrics, needs_victoria
 
 from aggregator import prom_wire
@@ -136,7 +136,7 @@ def test_a_full_queue_drops_the_oldest_batches_and_counts_them(tmp_path):
     writer = RemoteWriter(cfg, store, index, tmp_path / "queue")
     store.on_append = writer.offer
     try:
-        RackStage(store, index, topic="t.samples", lateness_ms=5000).process(fl.messages)
+        process_all(RackStage(store, index, topic="t.samples", lateness_ms=5000), fl.messages)
         writer.seal()
         assert writer.queue.stats.dropped_frames > 0
         assert writer.queue.total_bytes <= 128 << 10

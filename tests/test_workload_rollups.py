@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from test_aggregator_support import ENERGY, T0, make_fleet, open_store
+from test_aggregator_support import ENERGY, T0, make_fleet, open_store, process_all
 
 from aggregator.attribution_stage import AttributionStage
 from aggregator.attribution_table import AttributionTable
@@ -70,7 +70,7 @@ def world(tmp_path):
     stage = AttributionStage(table, topic=ETOPIC)
     msgs = _events(fl.nodes)
     dead, _ = stage.process(msgs[:5])  # events and samples interleave in any order
-    rack.process(fl.messages)
+    process_all(rack, fl.messages)
     dead += stage.process(msgs[5:])[0]
     assert [reason.split(":")[0] for _, reason in dead] == ["event record"]
     alerts = AttributionStage(table, topic="t.alerts", alerts=True)
