@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_aggregator_support import process_all
 
 from agent.fleet import FleetModel, Topology
 from agent.fleet.model import METRIC_IDS
@@ -87,9 +88,7 @@ def _roll_up(data_dir: Path, msgs: list[Message]) -> None:
     index = EntityIndex(data_dir / "entities.jsonl")
     try:
         stage = RackStage(store, index, topic="t.samples", lateness_ms=5000)
-        stage.process(msgs)
-        while stage.pending_close():  # the due windows past one batch's close budget
-            stage.process([])
+        process_all(stage, msgs)
     finally:
         index.close()
         store.close()
