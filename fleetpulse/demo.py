@@ -41,7 +41,7 @@ from aiohttp import web
 
 from agent.fleet import FleetModel, Topology, plan_faults, write_labels
 from agent.fleet.faults import Fault, FaultKind
-from agent.fleet.jobs import FleetAttribution
+from agent.fleet.jobs import FleetAttribution, JobScheduler
 from agent.fleet.live import AckTimer, LiveStats
 from agent.fleet.model import METRIC_IDS, METRICS
 from agent.publisher import AgentSequence, Publisher, new_agent_id
@@ -180,15 +180,13 @@ class DemoConfig:
 def demo_detector_config() -> DetectorConfig:
     """The detector as the demo runs it: the fast engine, a short cold start (a demo lasts
     minutes of simulated time, not hours) and no periodic checkpoints (the state is thrown
-    away at exit). Jobs name alerts but are not peers (``job_peers.enabled`` off): the
-    synthetic fleet's load follows its nodes' workload phases, not its jobs, so a job's GPUs
-    there do not run alike (``benchmarks.detection_jobs`` builds fleets whose load does)."""
+    away at exit). Job peers are on, as in production: the demo fleet's load follows its
+    jobs (:mod:`agent.fleet.job_load`), so a job's GPUs run alike."""
     base = DetectorConfig()
     return dataclasses.replace(
         base, checkpoint_interval_s=1e9,
         model=dataclasses.replace(base.model, engine="numba", warmup=120),
         rack=dataclasses.replace(base.rack, warmup=12),
-        job_peers=dataclasses.replace(base.job_peers, enabled=False),
     )
 
 
@@ -301,8 +299,13 @@ class FleetDriver:
         if cfg.labels:
             write_labels(cfg.labels, self.plan)
         self.start_ms = (time.time_ns() // 1_000_000) // 1000 * 1000
+        # With jobs, the fleet's load follows them (agent.fleet.job_load): a job's GPUs run
+        # alike, so the detector can judge a GPU against its job.
+        scheduler = JobScheduler(self.topo, cfg.seed, min_s=cfg.job_min_s,
+                                 max_s=cfg.job_max_s) \
+            if cfg.jobs and job_dir is not None else None
         self.model = FleetModel(self.topo, hz=cfg.hz, seed=cfg.seed, start_ms=self.start_ms,
-                                faults=self.plan)
+                                faults=self.plan, jobs=scheduler)
         self.timer = AckTimer(transport)
         self.topics = topics
         self.stats = LiveStats()
@@ -310,9 +313,9 @@ class FleetDriver:
         self.sim_now_ms = self.start_ms
         self.behind_s = 0.0
         self._seqs: list[AgentSequence] = []
-        self.jobs = FleetAttribution(self.topo, job_dir, list(self.model.uuids), cfg.seed,
-                                     min_s=cfg.job_min_s, max_s=cfg.job_max_s) \
-            if cfg.jobs and job_dir is not None else None
+        self.jobs = FleetAttribution(self.topo, job_dir, list(self.model.uuids),
+                                     scheduler=scheduler) \
+            if scheduler is not None and job_dir is not None else None
         """Jobs and their job-mapping dirs (None: the demo runs without jobs)."""
         self._next_jobs_ms = self.start_ms
 

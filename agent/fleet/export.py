@@ -29,12 +29,19 @@ from agent.fleet.faults import (
     plan_zoo_faults,
     realistic_fault_count,
 )
+from agent.fleet.jobs import JobScheduler, job_attachments
 from agent.fleet.model import DEFAULT_START_MS, METRICS, FleetModel
 from agent.fleet.topology import Topology
 from agent.fleet.zoo import FleetProfile, named_or_drawn
+from schemas.attribution import Attachment
 from schemas.catalog import BY_NAME
 
 __all__ = ["FleetData", "generate", "generate_zoo", "load_npz", "save_npz"]
+
+JOB_MIN_S = 300.0
+JOB_MAX_S = 4 * 3600.0
+"""Job lengths of a generated run with ``jobs`` (log-uniform, five minutes to four hours):
+short enough that an hour's run sees jobs start and end on every scale."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -47,6 +54,9 @@ class FleetData:
     labels: list[dict[str, Any]] = field(default_factory=list)
     uuids: tuple[str, ...] = ()
     nodes: tuple[str, ...] = ()
+    attachments: tuple[tuple[int, int, Attachment], ...] = ()
+    """(time ms, GPU, attachment) in time order, when the run scheduled jobs (not saved in
+    the npz: the export layout holds samples only)."""
 
     def column(self, metric: str) -> npt.NDArray[np.float64]:
         """(G, T) values of one metric by catalog name."""
@@ -68,6 +78,8 @@ def generate(
     cluster: str = "sim",
     profile: FleetProfile | None = None,
     fault_plan: Sequence[Fault] | None = None,
+    jobs: bool = False,
+    job_poll_s: float = 5.0,
 ) -> FleetData:
     """Run the fleet model for ``duration_s`` seconds at ``hz`` and keep everything.
 
@@ -75,7 +87,10 @@ def generate(
     ``fault_style``, how the ``faults`` are planned (:func:`plan_faults` or
     :func:`plan_zoo_faults`); its metrics in ``missing`` are NaN columns of ``values``.
     ``fault_plan`` injects exactly these faults instead (``faults`` and ``fault_kinds`` are
-    then ignored). Memory is G x T x M x 8 bytes (10,000 GPUs x 1 h at 1 Hz is 9.5 GB).
+    then ignored). ``jobs`` schedules jobs (:class:`~agent.fleet.jobs.JobScheduler`, from
+    ``seed``, advanced every ``job_poll_s``) and the load follows them; their attachments
+    are in ``attachments``. Memory is G x T x M x 8 bytes (10,000 GPUs x 1 h at 1 Hz is
+    9.5 GB).
     """
     topo = Topology(gpus, gpus_per_node, nodes_per_rack, racks_per_row, cluster)
     ticks = round(duration_s * hz)
@@ -87,15 +102,25 @@ def generate(
         plan = plan_zoo_faults(topo, faults, duration_s, hz, seed, profile, kinds=fault_kinds)
     else:
         plan = plan_faults(topo, faults, duration_s, hz, seed, fault_kinds)
-    model = FleetModel(topo, hz=hz, seed=seed, start_ms=start_ms, faults=plan, profile=profile)
+    scheduler = JobScheduler(topo, seed, min_s=JOB_MIN_S, max_s=JOB_MAX_S) if jobs else None
+    model = FleetModel(topo, hz=hz, seed=seed, start_ms=start_ms, faults=plan, profile=profile,
+                       jobs=scheduler)
     ts = np.empty((topo.gpus, ticks), dtype=np.int64)
     values = np.empty((topo.gpus, ticks, len(METRICS)))
     nog = topo.node_of_gpu
+    attachments: list[tuple[int, int, Attachment]] = []
+    next_poll_ms = start_ms
     for k in range(ticks):
+        now_ms = start_ms + round(k * 1000 / hz)
+        if scheduler is not None and now_ms >= next_poll_ms:
+            next_poll_ms = now_ms + round(job_poll_s * 1000)
+            attachments += [(now_ms, g, a) for g, a in job_attachments(
+                *scheduler.advance(now_ms), model.uuids, now_ms)]
         node_ts, _ = model.step(out=values[:, k, :])
         ts[:, k] = node_ts[nog]
     nodes = tuple(topo.identities[n].path for n in nog.tolist())
-    return FleetData(ts, values, METRICS, labels_of(plan), model.uuids, nodes)
+    return FleetData(ts, values, METRICS, labels_of(plan), model.uuids, nodes,
+                     tuple(attachments))
 
 
 def generate_zoo(

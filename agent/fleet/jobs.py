@@ -6,8 +6,9 @@ jobs on free GPUs (a job smaller than a node on contiguous GPUs of one node, a m
 on contiguous free nodes of one rack, rack and row jobs on a wholly free rack or row) and
 ends them when their time is up, keeping the fleet about ``occupancy`` busy. It is
 deterministic from its seed and uses a generator of its own, so adding it to a fleet changes
-nothing else the model draws. (The load model does not follow the jobs: a node's workload
-phases come from :mod:`agent.fleet.workloads` as before.)
+nothing else the model draws. A fleet model given the scheduler (``FleetModel(jobs=...)``)
+runs its jobs' load (:mod:`agent.fleet.job_load`); without it a node's workload phases come
+from :mod:`agent.fleet.workloads` and the jobs are labels only.
 
 :class:`JobMapping` writes what a scheduler's prolog and epilog would: one directory per
 node in dcgm-exporter's ``--hpc-job-mapping-dir`` format (a file per GPU index holding the
@@ -33,9 +34,11 @@ from agent.attribution.base import GpuView
 from agent.attribution.job_mapping import JobMappingSource
 from agent.attribution.tracker import AttributionTracker
 from agent.fleet.topology import Topology
+from schemas.attribution import Attachment
 from schemas.records import EventRecord
 
-__all__ = ["SIZE_CLASSES", "FleetAttribution", "Job", "JobMapping", "JobScheduler"]
+__all__ = ["SIZE_CLASSES", "FleetAttribution", "Job", "JobMapping", "JobScheduler",
+           "job_attachments"]
 
 SIZE_CLASSES: Final = (("gpu", 0.25), ("gpus", 0.20), ("node", 0.22), ("nodes", 0.18),
                        ("rack", 0.10), ("row", 0.05))
@@ -156,6 +159,18 @@ class JobScheduler:
         return None
 
 
+def job_attachments(started: list[Job], ended: list[Job], uuids: Sequence[str],
+                    now_ms: int) -> list[tuple[int, Attachment]]:
+    """(GPU, attachment) for what one ``advance(now_ms)`` changed, ends first: what the
+    agents' trackers would announce at a poll right after it, without the files (for
+    offline runs; live fleets go through :class:`FleetAttribution`)."""
+    out = [(g, Attachment(uuids[g], job.id, {}, job.start_ms, now_ms))
+           for job in ended for g in job.gpus.tolist()]
+    out += [(g, Attachment(uuids[g], job.id, {}, now_ms))
+            for job in started for g in job.gpus.tolist()]
+    return out
+
+
 class JobMapping:
     """A job-mapping directory per node under ``root`` (``<root>/<node>/<gpu index>``)."""
 
@@ -191,10 +206,12 @@ class FleetAttribution:
 
     def __init__(self, topo: Topology, root: str | Path, uuids: Sequence[str],
                  seed: int = 0, *, min_s: float = 300.0, max_s: float = 3 * 86400.0,
-                 occupancy: float = 0.75) -> None:
+                 occupancy: float = 0.75, scheduler: JobScheduler | None = None) -> None:
+        """``scheduler``: one the fleet model's load follows (``FleetModel(jobs=...)``);
+        otherwise a new one from ``seed``, ``min_s``, ``max_s`` and ``occupancy``."""
         self.topo = topo
-        self.scheduler = JobScheduler(topo, seed, min_s=min_s, max_s=max_s,
-                                      occupancy=occupancy)
+        self.scheduler = scheduler if scheduler is not None else JobScheduler(
+            topo, seed, min_s=min_s, max_s=max_s, occupancy=occupancy)
         self.mapping = JobMapping(root, topo)
         self.trackers = [AttributionTracker([JobMappingSource(d)]) for d in self.mapping.dirs]
         gpn = topo.gpn

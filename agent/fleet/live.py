@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 
 from agent.fleet.config import FleetConfig
 from agent.fleet.faults import labels_of, plan_faults, write_labels
-from agent.fleet.jobs import FleetAttribution
+from agent.fleet.jobs import FleetAttribution, JobScheduler
 from agent.fleet.model import METRIC_IDS, METRICS, FleetModel
 from agent.fleet.topology import Topology
 from agent.publisher import AgentSequence, Publisher, new_agent_id
@@ -190,8 +190,11 @@ async def run_live(
                        cfg.fault_kinds or None) if cfg.faults else []
     if cfg.labels:
         write_labels(cfg.labels, plan)
+    # With a job-mapping dir the fleet schedules jobs, and its load follows them.
+    scheduler = JobScheduler(topo, cfg.seed, min_s=cfg.job_min_s, max_s=cfg.job_max_s) \
+        if cfg.jobs_dir else None
     model = FleetModel(topo, hz=cfg.hz, seed=cfg.seed, start_ms=time.time_ns() // 1_000_000,
-                       faults=plan)
+                       faults=plan, jobs=scheduler)
     topics = Topics(cfg.transport.topic_prefix)
     transport = open_transport(cfg.transport)
     await transport.start()
@@ -205,8 +208,8 @@ async def run_live(
                           total_ticks=0 if cfg.duration_s == 0
                           else round(cfg.duration_s * cfg.hz),
                           jobs=FleetAttribution(topo, cfg.jobs_dir, list(model.uuids),
-                                                cfg.seed, min_s=cfg.job_min_s,
-                                                max_s=cfg.job_max_s) if cfg.jobs_dir else None,
+                                                scheduler=scheduler)
+                          if cfg.jobs_dir else None,
                           job_poll_s=cfg.job_poll_s)
         if cfg.metrics_port >= 0:
             port, server = serve_metrics(FleetCollector(fleet), cfg.metrics_host,

@@ -28,6 +28,8 @@ import numpy.typing as npt
 
 from agent.fleet import thermal
 from agent.fleet.faults import NEEDS_IDLE, NEEDS_LOAD, Fault, FaultKind
+from agent.fleet.job_load import JobLoad
+from agent.fleet.jobs import JobScheduler
 from agent.fleet.thermal import Governor, Inlet
 from agent.fleet.topology import Topology
 from agent.fleet.workloads import FB_TOTAL_MIB, Workloads
@@ -75,9 +77,12 @@ class FleetModel:
         start_ms: int = DEFAULT_START_MS,
         faults: Sequence[Fault] = (),
         profile: FleetProfile | None = None,
+        jobs: JobScheduler | None = None,
     ) -> None:
         """``profile`` (default: today's model) sets the fleet's constants; ``hz`` is still the
-        caller's (pass ``profile.hz`` for the profile's own rate)."""
+        caller's (pass ``profile.hz`` for the profile's own rate). With ``jobs`` the load
+        follows that scheduler's jobs (:mod:`agent.fleet.job_load`; whoever advances the
+        scheduler decides when jobs start) instead of per-node phases."""
         if not 0 < hz <= 50:
             raise ValueError(f"hz must be in (0, 50], got {hz}")
         prof = FleetProfile() if profile is None else profile
@@ -105,7 +110,9 @@ class FleetModel:
         params = prof.workload_params()
         aux = (np.random.default_rng([seed, topology.first_node, g, 0x200])
                if params.extended else None)
-        self.work = Workloads(topology, rng, params, aux)
+        self.work: Workloads | JobLoad = (
+            Workloads(topology, rng, params, aux) if jobs is None
+            else JobLoad(topology, jobs, seed, params))
         self.inlet = Inlet(topology.racks.size, rng, prof.inlet_c, prof.inlet_swing_c)
         self.gov = Governor(
             idle_w=rng.uniform(prof.idle_w[0], prof.idle_w[1], g),

@@ -50,6 +50,7 @@ __all__ = [
     "Load",
     "WorkloadParams",
     "Workloads",
+    "gpu_load",
 ]
 
 IDLE: Final = 0
@@ -63,10 +64,10 @@ KIND_NAMES: Final = ("idle", "train", "infer", "pipeline", "infer_random", "part
 
 FB_TOTAL_MIB: Final = 81_559
 """H100 80GB HBM3 as NVML reports it (nvmlDeviceGetMemoryInfo.total / 2**20)."""
-_FB_IDLE_MIB: Final = 1.0
-_BURST_ON_TO_OFF: Final = 0.08
+FB_IDLE_MIB: Final = 1.0
+BURST_ON_TO_OFF: Final = 0.08
 """Per-second probability that an inference burst ends / an idle gap ends."""
-_BURST_OFF_TO_ON: Final = 0.15
+BURST_OFF_TO_ON: Final = 0.15
 
 F64 = npt.NDArray[np.float64]
 
@@ -109,9 +110,9 @@ class Load:
     nvlink_rx_bps: F64
     fb_used_mib: F64
     training: npt.NDArray[np.bool_]
-    """Per node: lock-step training (stragglers only matter there)."""
+    """Per node (per job with :mod:`agent.fleet.job_load`): lock-step training."""
     computing: npt.NDArray[np.bool_]
-    """Per node: in the compute part of the all-reduce rhythm."""
+    """Per node (per job): in the compute part of the all-reduce rhythm."""
     computing_gpu: npt.NDArray[np.bool_]
     """Per GPU: computing (the node's rhythm, or the GPU's own pipeline stage)."""
 
@@ -198,9 +199,9 @@ class Workloads:
         base = base + rng.normal(0.0, 150.0, gpus.size)
         cap = np.where(train_g, base + rng.uniform(500, 3000, gpus.size),
                        base + rng.uniform(4000, 12_000, gpus.size))
-        self.fb_target[gpus] = np.where(idle, _FB_IDLE_MIB, np.minimum(cap, 80_500))
+        self.fb_target[gpus] = np.where(idle, FB_IDLE_MIB, np.minimum(cap, 80_500))
         self.fb_growth[gpus] = np.where(train_g, 8.0, 4.0)
-        start = np.where(idle, _FB_IDLE_MIB, base)
+        start = np.where(idle, FB_IDLE_MIB, base)
         if warm:
             start = start + (self.fb_target[gpus] - start) * rng.random(gpus.size)
         self.fb_used[gpus] = start
@@ -217,7 +218,7 @@ class Workloads:
         self.remaining_s -= dt
         flip = rng.random(self.kind.size)
         on = self.burst_on
-        self.burst_on = np.where(on, flip >= _BURST_ON_TO_OFF * dt, flip < _BURST_OFF_TO_ON * dt)
+        self.burst_on = np.where(on, flip >= BURST_ON_TO_OFF * dt, flip < BURST_OFF_TO_ON * dt)
         started = self.burst_on & ~on
         if started.any():
             self.burst_level[started] = rng.uniform(55.0, 95.0, int(started.sum()))
@@ -294,31 +295,45 @@ class Workloads:
         if ext:
             train_g = (train_g | pipe_g) & busy
             serve_g = (serve_g | rand_g) & busy
-        mem = np.where(train_g, util * 0.42 + 4.0, util * 0.65)
-        nvl = np.where(train_g, np.where(comp_g, 4.0e9, 2.4e11),
-                       np.where(serve_g, util * 4.0e8, 0.0))
-        if ext:
-            # Pipeline stages send activations to their neighbours all along the step.
-            nvl = np.where(pipe_g, np.where(comp_g, 3.0e10, 9.0e10), nvl)
-        nvl = nvl * (1.0 + 0.05 * noise)
         burst_g = self.burst_on[nog] & serve_g
-        if ext:
-            burst_g &= ~rand_g
-        pcie_rx = np.where(train_g, 30_000.0, np.where(burst_g, 180_000.0,
-                                                           np.where(serve_g, 3_000.0, 12.0)))
-        if ext:
-            pcie_rx = np.where(rand_g, 3_000.0 + util * 1_800.0, pcie_rx)
-        pcie_tx = pcie_rx * 0.15 + 8.0
-        return Load(
-            busy=busy,
-            util_pct=util,
-            mem_util_pct=mem,
-            pcie_tx_kib=pcie_tx * (1.0 + 0.2 * np.abs(noise)),
-            pcie_rx_kib=pcie_rx * (1.0 + 0.2 * np.abs(self.gpu_bias)),
-            nvlink_tx_bps=nvl,
-            nvlink_rx_bps=nvl * 0.98,
-            fb_used_mib=self.fb_used,
-            training=training,
-            computing=computing,
-            computing_gpu=comp_g,
-        )
+        return gpu_load(busy, util, train_g, serve_g, comp_g, burst_g, noise, self.gpu_bias,
+                        self.fb_used, training, computing, pipe_g if ext else None,
+                        rand_g if ext else None)
+
+
+def gpu_load(busy: npt.NDArray[np.bool_], util: F64, train_g: npt.NDArray[np.bool_],
+             serve_g: npt.NDArray[np.bool_], comp_g: npt.NDArray[np.bool_],
+             burst_g: npt.NDArray[np.bool_], noise: F64, gpu_bias: F64, fb_used: F64,
+             training: npt.NDArray[np.bool_], computing: npt.NDArray[np.bool_],
+             pipe_g: npt.NDArray[np.bool_] | None = None,
+             rand_g: npt.NDArray[np.bool_] | None = None) -> Load:
+    """The traffic a GPU's utilisation and role imply (memory, NVLink, PCIe): one formula
+    for the node phases here and the job-driven load of :mod:`agent.fleet.job_load`.
+    ``pipe_g`` / ``rand_g`` mark the zoo's pipeline stages and random-inference GPUs."""
+    mem = np.where(train_g, util * 0.42 + 4.0, util * 0.65)
+    nvl = np.where(train_g, np.where(comp_g, 4.0e9, 2.4e11),
+                   np.where(serve_g, util * 4.0e8, 0.0))
+    if pipe_g is not None:
+        # Pipeline stages send activations to their neighbours all along the step.
+        nvl = np.where(pipe_g, np.where(comp_g, 3.0e10, 9.0e10), nvl)
+    nvl = nvl * (1.0 + 0.05 * noise)
+    if rand_g is not None:
+        burst_g = burst_g & ~rand_g
+    pcie_rx = np.where(train_g, 30_000.0, np.where(burst_g, 180_000.0,
+                                                       np.where(serve_g, 3_000.0, 12.0)))
+    if rand_g is not None:
+        pcie_rx = np.where(rand_g, 3_000.0 + util * 1_800.0, pcie_rx)
+    pcie_tx = pcie_rx * 0.15 + 8.0
+    return Load(
+        busy=busy,
+        util_pct=util,
+        mem_util_pct=mem,
+        pcie_tx_kib=pcie_tx * (1.0 + 0.2 * np.abs(noise)),
+        pcie_rx_kib=pcie_rx * (1.0 + 0.2 * np.abs(gpu_bias)),
+        nvlink_tx_bps=nvl,
+        nvlink_rx_bps=nvl * 0.98,
+        fb_used_mib=fb_used,
+        training=training,
+        computing=computing,
+        computing_gpu=comp_g,
+    )
