@@ -42,6 +42,7 @@ and the detector is scored on the same subset beside it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -62,6 +63,7 @@ from benchmarks.detection_baselines import (
 from detector.config import DetectorConfig
 from detector.features import gather
 from detector.shard import DetectorShard
+from schemas.attribution import Attachment
 from schemas.catalog import BY_NAME
 from schemas.records import AlertRecord, AlertState, Severity
 
@@ -80,6 +82,8 @@ class Fleet:
     rack_of_gpu: npt.NDArray[np.int64]
     hz: float
     source: str
+    attachments: tuple[tuple[int, int, Attachment], ...] = ()
+    """(time ms, GPU, attachment) of a fleet that ran jobs, in time order."""
 
     @property
     def gpus(self) -> int:
@@ -110,9 +114,11 @@ def load_fleet(args: argparse.Namespace) -> Fleet:
     if args.npz:
         labels = read_labels(args.labels) if args.labels else []
         return fleet_from_data(load_npz(args.npz), str(args.npz), labels)
-    data = generate(args.gpus, args.hz, args.duration, faults=args.faults, seed=args.seed)
+    data = generate(args.gpus, args.hz, args.duration, faults=args.faults, seed=args.seed,
+                    jobs=args.jobs)
     return fleet_from_data(data, f"synthetic fleet: {args.gpus} GPUs, {args.duration:.0f} s at "
-                           f"{args.hz:g} Hz, {args.faults} faults, seed {args.seed}")
+                           f"{args.hz:g} Hz, {args.faults} faults, seed {args.seed}"
+                           + (", load following scheduled jobs" if args.jobs else ""))
 
 
 def run_detector(fleet: Fleet, config: DetectorConfig, engine: str | None
@@ -126,9 +132,18 @@ def run_detector(fleet: Fleet, config: DetectorConfig, engine: str | None
     ts = fleet.step_ms
     alerts: list[AlertRecord] = []
     chunk = 60
+    # A chunk ends where a job attachment comes due, which is applied before the step of
+    # its time (the service applies attribution events as it reads them, beside samples).
+    due = np.searchsorted(ts, [ms for ms, _, _ in fleet.attachments])
+    cuts = np.unique(np.concatenate([np.arange(0, fleet.steps, chunk), due, [fleet.steps]]))
+    k = 0
     t0 = time.process_time()
-    for s in range(0, fleet.steps, chunk):
-        alerts.extend(shard.process(ids, nodes, ts[s:s + chunk], fleet.gathered[s:s + chunk]))
+    for s, e in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+        while k < len(fleet.attachments) and due[k] <= s:
+            _, gid, att = fleet.attachments[k]
+            shard.jobs.attach(int(ids[gid]), att)
+            k += 1
+        alerts.extend(shard.process(ids, nodes, ts[s:e], fleet.gathered[s:e]))
     cpu = time.process_time() - t0
     per_model = int(np.mean([shard.gpu_bank.engine.model_bytes(i)
                              for i in range(0, len(fleet.paths), max(1, len(fleet.paths) // 16))]))
@@ -337,7 +352,8 @@ def fleet_from_data(data: Any, source: str, labels: list[dict[str, Any]] | None 
     hz = 1000.0 * (steps - 1) / max(float(np.median(ts[:, -1] - ts[:, 0])), 1.0) \
         if steps > 1 else 1.0
     return Fleet(ts, gathered, data.labels if labels is None else labels, paths, rack_paths,
-                 node_paths, np.array([racks[r] for r in rack_paths]), round(hz, 3), source)
+                 node_paths, np.array([racks[r] for r in rack_paths]), round(hz, 3), source,
+                 tuple(getattr(data, "attachments", ())))
 
 
 BASELINES = ("static", "mad", "random", "hst")
@@ -410,6 +426,7 @@ METHOD_NAMES = {
     "static": "static thresholds",
     "mad": "per-node MAD outliers",
     "random": "random, same alert budget",
+    "detector_node_peers": "detector, jobs unknown",
     "detector_on_hst_subset": "detector, HST subset",
     "hst": "river HalfSpaceTrees",
 }
@@ -436,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-peers", action="store_true",
                         help="stragglers with job peers beside node peers, on fleets whose "
                         "load follows jobs (benchmarks.detection_jobs; see its options)")
+    parser.add_argument("--jobs", action="store_true",
+                        help="the synthetic fleet schedules jobs and its load follows them; "
+                        "the detector runs with its job attachments (job peers) and again "
+                        "without (node peers only), both reported")
     parser.add_argument("--gpus", type=int, default=256)
     parser.add_argument("--duration", type=float, default=3600.0, help="seconds")
     parser.add_argument("--hz", type=float, default=1.0)
@@ -486,6 +507,14 @@ def main(argv: list[str] | None = None) -> int:
                       hst_gpus=args.hst_gpus, dump_alerts=args.dump_alerts)
     shard = res.pop("_shard")
     det = res["detector"]
+    no_jobs: dict[str, Any] | None = None
+    if args.jobs:
+        if not fleet.attachments:
+            parser.error("--jobs: the fleet scheduled no jobs")
+        off = dataclasses.replace(config, job_peers=dataclasses.replace(config.job_peers,
+                                                                        enabled=False))
+        no_jobs = run_methods(fleet, off, engine, seed=args.seed, baselines=())["detector"]
+        res["detector_node_peers"] = no_jobs
     from benchmarks.peers import import_peer, missing_peers
 
     peer: dict[str, Any] | None = None
@@ -501,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
     print("  " + "  ".join(f"{k}={det['recall_per_kind'][k]:.2f}" for k in kinds))
     print(f"detector alerts by source: {det['by_source']}")
     print(f"detector false episodes by source: {det['false_episodes_by_source']}")
+    if no_jobs is not None:
+        print(f"jobs unknown: alerts by source {no_jobs['by_source']}; false episodes by "
+              f"source {no_jobs['false_episodes_by_source']}")
     for part in ("forest_only", "rules_only"):
         r = det[part]
         print(f"{part.replace('_', ' ')}: recall {r['recall']:.3f}, {r['false_incidents']} false "
@@ -533,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         "random": res.get("random"),
         "halfspacetrees": res.get("hst"),
         "detector_on_hst_subset": res.get("detector_on_hst_subset"),
+        "detector_jobs_unknown": no_jobs,
         "peer_engine": peer,
         "missing_peers": missing_peers(),
         "targets": TARGETS,
