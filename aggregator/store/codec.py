@@ -466,16 +466,43 @@ def _decode_scaled(n: np.int64, e: int) -> float:  # pragma: no cover - numba
 
 
 @nb.njit(cache=True)
-def _find_scale(col: np.ndarray, bits: np.ndarray, ints: np.ndarray) -> int:  # pragma: no cover
-    """A common exponent e making every value a scaled integer (E_MAX+1 if none).
+def _fits(col: np.ndarray, e: int) -> bool:  # pragma: no cover - numba
+    """Is every value of col a scaled integer at exponent e (the test of :func:`_scaled`)?
 
-    e starts at the first value's smallest exponent, found from 0 (down while it still
-    fits, else up), and only grows when a later value needs more digits.
+    Blocks of 16 values with no branch inside (the CPU multiplies, rounds and divides them
+    as vectors, where a test per value would stop at each one), checked after each block.
     """
     n = col.size
+    p = POW10[abs(e)]
+    for a in range(0, n, 16):
+        ok = True
+        if e >= 0:
+            for i in range(a, min(a + 16, n)):
+                x = col[i] * p
+                ok = ok & (abs(x) <= 9007199254740992.0) & (np.rint(x) / p == col[i])
+        else:
+            for i in range(a, min(a + 16, n)):
+                x = col[i] / p
+                ok = ok & (abs(x) <= 9007199254740992.0) & (np.rint(x) * p == col[i])
+        if not ok:
+            return False
+    return True
+
+
+@nb.njit(cache=True)
+def _find_scale(col: np.ndarray, bits: np.ndarray, ints: np.ndarray) -> int:  # pragma: no cover
+    """A common exponent e making every value a scaled integer (E_MAX+1 if none); the
+    scaled integers into ``ints``.
+
+    e starts at the first value's smallest exponent, found from 0 (down while it still
+    fits, else up), and is the first from there at which every value fits.
+    """
+    n = col.size
+    neg = False
     for i in range(n):
-        if bits[i] == NEG_ZERO:
-            return E_MAX + 1
+        neg = neg | (bits[i] == NEG_ZERO)
+    if neg:
+        return E_MAX + 1
     e = 0
     if _scaled(col[0], 0)[0]:
         while e > E_MIN and _scaled(col[0], e - 1)[0]:
@@ -486,18 +513,14 @@ def _find_scale(col: np.ndarray, bits: np.ndarray, ints: np.ndarray) -> int:  # 
             e += 1
             if e > E_MAX:
                 return E_MAX + 1
-    i = 0
-    while i < n:
-        ok, v = _scaled(col[i], e)
-        if ok:
-            ints[i] = v
-            i += 1
-            continue
+    while e <= E_MAX:
+        if _fits(col, e):
+            p = POW10[abs(e)]
+            for i in range(n):  # |x| <= 2**53 was checked: rint(x) converts exactly
+                ints[i] = np.int64(np.rint(col[i] * p if e >= 0 else col[i] / p))
+            return e
         e += 1
-        if e > E_MAX:
-            return E_MAX + 1
-        i = 0  # earlier values must be re-scaled at the larger exponent
-    return e
+    return E_MAX + 1
 
 
 @nb.njit(inline="always", cache=True)
@@ -507,18 +530,91 @@ def _gcd(a: np.int64, b: np.int64) -> np.int64:  # pragma: no cover - numba
     return a
 
 
+@nb.njit(inline="always", cache=True)
+def _odd_inverse(o: np.uint64) -> np.uint64:  # pragma: no cover - numba
+    """The inverse of an odd o modulo 2**64 (Newton's iteration: 3 correct bits, then 6,
+    12, 24, 48, 96)."""
+    x = o
+    for _ in range(5):
+        x *= U64(2) - o * x
+    return x
+
+
+@nb.njit(cache=True)
+def _common_step(ints: np.ndarray, n: int) -> np.int64:  # pragma: no cover - numba
+    """The GCD of every |ints[i] - ints[0]| (0 when all are equal).
+
+    A 64-bit division costs tens of cycles and Euclid's algorithm takes two per value
+    even when the value is a multiple of the GCD so far, which is the usual case (MiB,
+    clock steps); a multiple is recognised by a multiply with the inverse of the odd part
+    instead (d is a multiple of odd o iff d * o**-1 mod 2**64 <= (2**64 - 1) // o), and
+    Euclid runs only where the GCD shrinks.
+    """
+    n0 = ints[0]
+    i = 1
+    while i < n and ints[i] == n0:
+        i += 1
+    if i == n:
+        return np.int64(0)
+    g = abs(ints[i] - n0)
+    while g != 1:
+        k = _ctz(U64(g))
+        o = U64(g) >> U64(k)
+        inv = _odd_inverse(o)
+        lim = U64(0xFFFFFFFFFFFFFFFF) // o
+        low = (U64(1) << U64(k)) - U64(1)
+        while i < n:
+            d = U64(abs(ints[i] - n0))
+            if (d & low) != U64(0) or (d >> U64(k)) * inv > lim:
+                break
+            i += 1
+        if i == n:
+            return g
+        g = _gcd(g, abs(ints[i] - n0))
+    return g
+
+
+@nb.njit(cache=True)
+def _offsets(ints: np.ndarray, n: int, g: np.int64) -> None:  # pragma: no cover - numba
+    """ints[i] = (ints[i] - ints[0]) / g in place (exact): by a shift and a multiply with
+    the odd part's inverse, not a division."""
+    n0 = ints[0]
+    if g <= 1:  # (0 only for equal values, which a constant column's tag takes)
+        for i in range(n):
+            ints[i] -= n0
+        return
+    k = _ctz(U64(g))
+    inv = _odd_inverse(U64(g) >> U64(k))
+    for i in range(n):
+        ints[i] = np.int64(U64((ints[i] - n0) >> k) * inv)
+
+
 @nb.njit(cache=True)
 def _plan_stream(m: int, lmax: int, hist: np.ndarray, widths: np.ndarray) -> tuple[int, int]:
     # pragma: no cover - numba
     """Best prefix code for m values whose bit-length histogram is ``hist`` (longest
-    ``lmax``): fills widths[:c]; returns (c, payload bits). Consumes ``hist``."""
+    ``lmax``): fills widths[:c]; returns (c, payload bits). Consumes ``hist``.
+
+    The first minimum in the order (c = 1; c = 2 by w0; c = 3 by w0, then w1), as a
+    search of every width would find it, but only widths some value has are tried (and
+    w0 = 0): a width no value has costs at least as much as the one below it, which comes
+    first, so it never strictly improves. A noisy column has a dozen of the up to 64.
+    """
     best_bits = m * lmax
     best_c = 1
     widths[0] = lmax
+    have = np.empty(65, np.int64)  # the candidate widths below lmax, ascending
+    nh = 1
+    have[0] = 0
+    for w in range(1, lmax):
+        if hist[w]:
+            have[nh] = w
+            nh += 1
     cum = hist  # in place: cum[w] = number of values with bitlen <= w
     for w in range(1, lmax + 1):
         cum[w] += cum[w - 1]
-    for w0 in range(lmax):
+    for a in range(nh):
+        w0 = have[a]
         c0 = cum[w0]
         bits2 = m + c0 * w0 + (m - c0) * lmax
         if bits2 < best_bits:
@@ -526,9 +622,11 @@ def _plan_stream(m: int, lmax: int, hist: np.ndarray, widths: np.ndarray) -> tup
             best_c = 2
             widths[0] = w0
             widths[1] = lmax
-    for w0 in range(lmax):
+    for a in range(nh):
+        w0 = have[a]
         c0 = cum[w0]
-        for w1 in range(w0 + 1, lmax):
+        for b in range(a + 1, nh):
+            w1 = have[b]
             c1 = cum[w1] - c0
             c2 = m - cum[w1]
             bits3 = c0 * (1 + w0) + c1 * (2 + w1) + c2 * (2 + lmax)
@@ -668,14 +766,8 @@ def _enc_column(col: np.ndarray, bits: np.ndarray, buf: np.ndarray, pos: int, in
         buf[pos] = C_XOR
         return _enc_xor(bits, buf, pos + 1)
     n0 = ints[0]
-    g = np.int64(0)
-    for i in range(1, n):
-        g = _gcd(g, abs(ints[i] - n0))
-        if g == 1:  # common for noisy readings; saves two 64-bit divisions per value
-            break
-    # in place: ints[i] = m[i] = (n[i] - n0) / g; dd[i] = m[i] - m[i-1] (i >= 1)
-    for i in range(n):
-        ints[i] = (ints[i] - n0) // g
+    g = _common_step(ints, n)
+    _offsets(ints, n, g)  # in place: ints[i] = m[i] = (n[i] - n0) / g
     dd[0] = 0
     for i in range(1, n):
         dd[i] = ints[i] - ints[i - 1]
@@ -803,10 +895,110 @@ def _best_lag(x: np.ndarray, f: int, n: int) -> int:  # pragma: no cover - numba
 
 
 @nb.njit(cache=True)
+def _num_head(buf: np.ndarray, pos: int, end: int) -> tuple[int, int, np.int64, np.int64, int,
+                                                             np.int64, int]:
+    # pragma: no cover - numba
+    """The header of a C_CONST_INT / DELTA / DOD (/ _ANS) column whose tag is at ``pos``:
+    (tag, e, n0, g, lag, d1, position after it: the stream's varint); position -1 when
+    malformed. A C_CONST_INT column ends there (g, lag, d1 are 0)."""
+    z = np.int64(0)
+    tag = np.int64(buf[pos])
+    pos += 1
+    if pos >= end:
+        return tag, 0, z, z, 0, z, -1
+    e = np.int64(np.int8(buf[pos]))
+    if e < E_MIN or e > E_MAX:
+        return tag, 0, z, z, 0, z, -1
+    zn0, pos = _rvarint(buf, pos + 1, end)
+    if pos < 0:
+        return tag, 0, z, z, 0, z, -1
+    n0 = _unzz(zn0)
+    if tag == C_CONST_INT:
+        return tag, e, n0, z, 0, z, pos
+    ug, pos = _rvarint(buf, pos, end)
+    if pos < 0 or pos >= end:
+        return tag, 0, z, z, 0, z, -1
+    lag = np.int64(buf[pos])
+    pos += 1
+    if lag < 1 or lag > MAX_LAG:
+        return tag, 0, z, z, 0, z, -1
+    d1 = z
+    if tag in (C_DOD, C_DOD_ANS):
+        zd1, pos = _rvarint(buf, pos, end)
+        if pos < 0:
+            return tag, 0, z, z, 0, z, -1
+        d1 = _unzz(zd1)
+    return tag, e, n0, np.int64(ug), lag, d1, pos
+
+
+@nb.njit(cache=True)
+def _rebuild(tmp: np.ndarray, n: int, dod: bool, e: int, n0: np.int64, g: np.int64, lag: int,
+             d1: np.int64, ring: np.ndarray, vals: np.ndarray) -> None:  # pragma: no cover
+    """Values from the residuals of a DELTA / DOD stream: tmp[i-1] holds r_i (DELTA) or
+    tmp[i-2] holds s_i (DOD); ``ring`` is scratch for 8 int64.
+
+    First the offsets m_i in place, a serial sum (kept in registers at lag 1, the usual
+    lag; other lags read d_{i-lag} from an 8-slot ring); then the doubles in a pass with no
+    dependence between values, which keeps the division (n / 10**e) off the sum's chain.
+    """
+    vals[0] = _decode_scaled(n0, e)
+    if n == 1:
+        return
+    if not dod:  # m_i = r_i + m_{i-lag} (m_{i-1} while i < lag), m_0 = 0
+        if lag == 1:
+            acc = np.int64(0)
+            for i in range(n - 1):
+                acc += tmp[i]
+                tmp[i] = acc
+        else:
+            for i in range(1, n):
+                ref = i - lag if i - lag >= 0 else i - 1
+                tmp[i - 1] += tmp[ref - 1] if ref >= 1 else 0
+        _scaled_out(tmp, n - 1, n0, g, e, vals[1:])
+        return
+    # d_i = s_i + d_{i-lag} (d_{i-1} while i - lag < 1), m_1 = d_1, m_i = m_{i-1} + d_i
+    acc = d1
+    if lag == 1:
+        d = d1
+        for i in range(n - 2):
+            d += tmp[i]
+            acc += d
+            tmp[i] = acc
+    else:
+        ring[1] = d1
+        for i in range(2, n):
+            ref = i - lag if i - lag >= 1 else i - 1
+            d = tmp[i - 2] + ring[ref & 7]  # read before the write: lag 8 reuses the slot
+            ring[i & 7] = d
+            acc += d
+            tmp[i - 2] = acc
+    vals[1] = _decode_scaled(n0 + g * d1, e)
+    _scaled_out(tmp, n - 2, n0, g, e, vals[2:])
+
+
+@nb.njit(cache=True)
+def _scaled_out(m: np.ndarray, count: int, n0: np.int64, g: np.int64, e: int,
+                vals: np.ndarray) -> None:  # pragma: no cover - numba
+    """vals[:count] = the doubles of the scaled integers n0 + g * m[:count] at exponent e."""
+    if e > 0:
+        p = POW10[e]
+        for i in range(count):
+            vals[i] = np.float64(n0 + g * m[i]) / p
+    elif e < 0:
+        p = POW10[-e]
+        for i in range(count):
+            vals[i] = np.float64(n0 + g * m[i]) * p
+    else:
+        for i in range(count):
+            vals[i] = np.float64(n0 + g * m[i])
+
+
+@nb.njit(cache=True)
 def _skip_or_dec_column(buf: np.ndarray, words: np.ndarray, pos: int, end: int, n: int, out: np.ndarray,
                         tmp: np.ndarray, decode: bool, tab: tuple, residuals: bool = False) -> int:
     # pragma: no cover - numba
-    """Decode (or just skip) one column at ``pos`` into the uint64 bit patterns ``out``.
+    """Decode (or just skip) one column at ``pos`` into the uint64 bit patterns ``out``
+    (``tmp``: scratch of n + 8 int64).
 
     With ``residuals`` a DELTA / DOD column stops after its stream: tmp holds its residuals
     (for the benchmark's entropy figures), ``out`` is not written."""
@@ -837,39 +1029,16 @@ def _skip_or_dec_column(buf: np.ndarray, words: np.ndarray, pos: int, end: int, 
     if tag != C_CONST_INT and tag != C_DELTA and tag != C_DOD and tag != C_DELTA_ANS \
             and tag != C_DOD_ANS:
         return -1
-    ans = tag >= C_DELTA_ANS  # (7 or 8: the only tags this far up)
-    if ans:
-        tag -= C_DELTA_ANS - C_DELTA  # the same body as DELTA / DOD but for the stream
-    if pos >= end:
-        return -1
-    e = np.int64(np.int8(buf[pos]))
-    if e < E_MIN or e > E_MAX:
-        return -1
-    zn0, pos = _rvarint(buf, pos + 1, end)
+    tag, e, n0, g, lag, d1, pos = _num_head(buf, pos - 1, end)
     if pos < 0:
         return -1
-    n0 = _unzz(zn0)
     if tag == C_CONST_INT:
         if decode:
             out.view(np.float64)[:n] = _decode_scaled(n0, e)
         return pos
-    ug, pos = _rvarint(buf, pos, end)
-    if pos < 0:
-        return -1
-    g = np.int64(ug)
-    if pos >= end:
-        return -1
-    lag = np.int64(buf[pos])
-    pos += 1
-    if lag < 1 or lag > MAX_LAG:
-        return -1
-    d1 = np.int64(0)
-    if tag == C_DOD:
-        zd1, pos = _rvarint(buf, pos, end)
-        if pos < 0:
-            return -1
-        d1 = _unzz(zd1)
-    m = n - 1 if tag == C_DELTA else n - 2
+    ans = tag >= C_DELTA_ANS  # (7 or 8: the only tags this far up)
+    dod = tag in (C_DOD, C_DOD_ANS)
+    m = n - 2 if dod else n - 1
     if ans:
         nbytes, p = _rvarint(buf, pos, end)
         if p < 0 or p + np.int64(nbytes) > end:
@@ -888,27 +1057,44 @@ def _skip_or_dec_column(buf: np.ndarray, words: np.ndarray, pos: int, end: int, 
         pos = _read_stream(buf, words, pos, end, m, tmp)
     if pos < 0 or residuals:
         return pos
-    # rebuild m[i] (delta) or d[i] (dod) in place in tmp, shifted by one: tmp[i-1] <-> i
-    vals = out.view(np.float64)
-    vals[0] = _decode_scaled(n0, e)
-    if tag == C_DELTA:
-        # tmp[i-1] holds r_i; turn it into m_i (m_0 = 0 is implicit)
-        for i in range(1, n):
-            ref = i - lag if i - lag >= 0 else i - 1
-            tmp[i - 1] += tmp[ref - 1] if ref >= 1 else 0
-            vals[i] = _decode_scaled(n0 + g * tmp[i - 1], e)
-        return pos
-    # dod: tmp[i-2] holds s_i (i >= 2); d_1 = d1; d_i = d_ref + s_i; m_i = m_{i-1} + d_i
-    # keep d_i in tmp[i-2] and m in a running sum; d_1 lives outside the array
-    acc = d1
-    if n > 1:
-        vals[1] = _decode_scaled(n0 + g * acc, e)
-    for i in range(2, n):
-        ref = i - lag if i - lag >= 1 else i - 1
-        tmp[i - 2] += tmp[ref - 2] if ref >= 2 else d1
-        acc += tmp[i - 2]
-        vals[i] = _decode_scaled(n0 + g * acc, e)
+    _rebuild(tmp, n, dod, e, n0, g, lag, d1, tmp[tmp.size - 8:], out.view(np.float64))
     return pos
+
+
+LANES: Final = 4
+"""Entropy-coded columns a group decode reads at once (:func:`entropy.decode4`)."""
+
+
+@nb.njit(cache=True)
+def _dec_lanes(buf: np.ndarray, end: int, n: int, lanes: np.ndarray, nl: int, flat: np.ndarray,
+               scratch: np.ndarray, tab: tuple) -> bool:  # pragma: no cover - numba
+    """Decode the ``nl`` (1..4) C_DELTA_ANS / C_DOD_ANS columns whose tags are at
+    lanes[0, :nl] into flat[lanes[1, l]:lanes[1, l] + n] (uint64 bit patterns); False when
+    one is malformed. Their rANS streams are read together: one stream is a chain of
+    dependent steps, four keep the core busy. ``scratch`` is (LANES + 1, n + 8) int64."""
+    for lane in range(nl):
+        tag, _, _, _, _, _, p = _num_head(buf, lanes[0, lane], end)
+        if p < 0:
+            return False
+        nbytes, q = _rvarint(buf, p, end)
+        if q < 0 or q + np.int64(nbytes) > end:
+            return False
+        lanes[2, lane] = q
+        lanes[3, lane] = q + np.int64(nbytes)
+        lanes[4, lane] = n - 2 if tag == C_DOD_ANS else n - 1
+    if entropy.decode4(buf, lanes[2], lanes[3], lanes[4], nl, scratch, tab) < 0:
+        return False
+    for lane in range(nl):
+        tag, e, n0, g, lag, d1, _ = _num_head(buf, lanes[0, lane], end)
+        off = lanes[1, lane]
+        _rebuild(scratch[lane], n, tag == C_DOD_ANS, e, n0, g, lag, d1, scratch[LANES],
+                 flat[off:off + n].view(np.float64))
+    return True
+
+
+@nb.njit(inline="always", cache=True)
+def _is_ans(buf: np.ndarray, pos: int, end: int) -> bool:  # pragma: no cover - numba
+    return pos < end and (buf[pos] == C_DELTA_ANS or buf[pos] == C_DOD_ANS)
 
 
 # ---------------------------------------------------------------------------- groups
@@ -982,9 +1168,27 @@ def _dec_group(buf: np.ndarray, words: np.ndarray, pos: int, end: int, which: np
     pos = _dec_ts(buf, words, pos, end, n, ts_out)
     if pos < 0:
         return -1
-    tmp = np.empty(n, np.int64)
+    tmp = np.empty(n + 8, np.int64)
+    scratch = np.empty((LANES + 1, n + 8), np.int64)
+    lanes = np.empty((5, LANES), np.int64)
+    flat = out.reshape(-1)
+    nl = 0
     r = 0
     for j in range(k):
+        if which[j] and _is_ans(buf, pos, end):  # queued; decoded four at a time
+            nxt = _skip_or_dec_column(buf, words, pos, end, n, out[r], tmp, False, tab)
+            if nxt < 0:
+                return -1
+            lanes[0, nl] = pos
+            lanes[1, nl] = r * n
+            nl += 1
+            if nl == LANES:
+                if not _dec_lanes(buf, end, n, lanes, nl, flat, scratch, tab):
+                    return -1
+                nl = 0
+            pos = nxt
+            r += 1
+            continue
         if which[j]:
             pos = _skip_or_dec_column(buf, words, pos, end, n, out[r], tmp, True, tab)
             r += 1
@@ -992,6 +1196,8 @@ def _dec_group(buf: np.ndarray, words: np.ndarray, pos: int, end: int, which: np
             pos = _skip_or_dec_column(buf, words, pos, end, n, out[0], tmp, False, tab)
         if pos < 0:
             return -1
+    if nl and not _dec_lanes(buf, end, n, lanes, nl, flat, scratch, tab):
+        return -1
     return pos
 
 
@@ -1048,7 +1254,9 @@ def _dec_selected(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, colptr:
     header alone, so a narrow read of a wide group costs little more than its columns.
     """
     words = np.empty(buf.size // 8, np.uint64)
-    tmp = np.empty(1, np.int64)
+    tmp = np.empty(9, np.int64)
+    scratch = np.empty((LANES + 1, 9), np.int64)
+    lanes = np.empty((5, LANES), np.int64)
     for r in range(starts.size):
         end = ends[r]
         pos, k, n = _dec_header(buf, starts[r], end)
@@ -1056,14 +1264,16 @@ def _dec_selected(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, colptr:
             return -1 - r
         if n == 0 or colptr[r] == colptr[r + 1]:
             continue
-        if tmp.size < n:
-            tmp = np.empty(n, np.int64)
+        if tmp.size < n + 8:
+            tmp = np.empty(n + 8, np.int64)
+            scratch = np.empty((LANES + 1, n + 8), np.int64)
         _fill_words(buf, words, pos, min(end, pos + 10 + (n * 68 + 71) // 8))
         pos = _dec_ts(buf, words, pos, end, n, ts_out[ts_off[r]:ts_off[r] + n])
         if pos < 0:
             return -1 - r
         q = colptr[r]
         base = val_off[r]
+        nl = 0
         for j in range(k):
             nxt = _skip_or_dec_column(buf, words, pos, end, n, val_out[base:base + n], tmp, False,
                                       tab)
@@ -1071,14 +1281,25 @@ def _dec_selected(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, colptr:
                 return -1 - r
             if q < colptr[r + 1] and cols[q] == j:
                 a = base + (q - colptr[r]) * n
-                _fill_words(buf, words, pos, nxt)
-                if _skip_or_dec_column(buf, words, pos, end, n, val_out[a:a + n], tmp,
-                                       True, tab) != nxt:
-                    return -1 - r
+                if _is_ans(buf, pos, end):  # queued; decoded four at a time
+                    lanes[0, nl] = pos
+                    lanes[1, nl] = a
+                    nl += 1
+                    if nl == LANES:
+                        if not _dec_lanes(buf, end, n, lanes, nl, val_out, scratch, tab):
+                            return -1 - r
+                        nl = 0
+                else:
+                    _fill_words(buf, words, pos, nxt)
+                    if _skip_or_dec_column(buf, words, pos, end, n, val_out[a:a + n], tmp,
+                                           True, tab) != nxt:
+                        return -1 - r
                 q += 1
             pos = nxt
             if q == colptr[r + 1]:
                 break  # the rest of the blob holds no wanted column
+        if nl and not _dec_lanes(buf, end, n, lanes, nl, val_out, scratch, tab):
+            return -1 - r
     return 0
 
 
@@ -1309,7 +1530,7 @@ def column_layout(blob: bytes) -> tuple[int, list[int], list[int]]:
     head = pos
     tags: list[int] = []
     sizes: list[int] = []
-    tmp = np.empty(n, np.int64)
+    tmp = np.empty(n + 8, np.int64)
     scratch = np.empty(n, np.uint64)
     for _ in range(k):
         if pos < 0:
@@ -1335,7 +1556,7 @@ def column_residuals(blob: bytes) -> list[npt.NDArray[np.int64] | None]:
     words = _be_words(buf)
     pos = _dec_ts(buf, words, pos, end, n, np.empty(n, np.int64))
     out: list[npt.NDArray[np.int64] | None] = []
-    tmp = np.empty(n, np.int64)
+    tmp = np.empty(n + 8, np.int64)
     scratch = np.empty(n, np.uint64)
     for _ in range(k):
         if pos < 0:

@@ -54,6 +54,7 @@ __all__ = [
     "TABLES",
     "build_freq",
     "decode",
+    "decode4",
     "encode",
     "plan",
     "symbol_base",
@@ -131,6 +132,8 @@ def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 FREQ, CUM, LOOKUP, COST = _tables()
 SYM_BASE = np.asarray([symbol_base(s) for s in range(N_SYM)], np.uint64)
 SYM_EXTRA = np.asarray([symbol_extra(s) for s in range(N_SYM)], np.int64)
+FC = ((FREQ << 16) | CUM[:, :N_SYM]).astype(np.uint32)
+"""Per model and symbol, frequency << 16 | cumulative frequency: what a decode step loads."""
 
 
 @nb.njit(inline="always", cache=True)
@@ -210,55 +213,177 @@ def _encode(z: np.ndarray, m: int, k: int, freq: np.ndarray, cum: np.ndarray,
 
 
 @nb.njit(cache=True)
-def _decode(buf: np.ndarray, pos: int, end: int, m: int, lookup: np.ndarray, freq: np.ndarray,
-            cum: np.ndarray, out: np.ndarray) -> int:  # pragma: no cover - numba
-    """Read an astream body (after its varint) of bytes [pos, end) into out[:m] as int64
-    residuals (un-zigzagged); returns end, or -1 when the stream is malformed."""
+def _refill(buf: np.ndarray, x: np.uint64, w: int) -> tuple[np.uint64, int]:
+    # pragma: no cover - numba
+    """x << 16 | the next word when x fell below 2**16, without a branch.
+
+    Whether a step needs a word depends on the data (about every other value), so a branch
+    here is mispredicted often; the word is loaded either way. Reading up to 10 bytes past
+    the stream is safe (blobs are padded) and caught afterwards: ``w`` then ends past the
+    stream's end, which the callers check.
+    """
+    word = U64(buf[U64(w)]) | (U64(buf[U64(w + 1)]) << U64(8))  # unsigned: no wraparound test
+    need = x < U64(RANS_L)
+    return ((x << U64(16)) | word) if need else x, w + (2 if need else 0)
+
+
+@nb.njit(cache=True)
+def _wide_raw(buf: np.ndarray, x: np.uint64, w: int, z: np.uint64,
+              extra: int) -> tuple[np.uint64, int, np.uint64]:  # pragma: no cover - numba
+    """The raw pieces after the first 16 bits of a value with ``extra`` > 16 raw bits
+    (residuals of 2**19 and more; inlined: a call would count references to ``buf`` at
+    every value)."""
+    shift = 16
+    extra -= 16
+    while extra > 0:
+        width = min(16, extra)
+        z |= (x & ((U64(1) << U64(width)) - U64(1))) << U64(shift)
+        x >>= U64(width)
+        x, w = _refill(buf, x, w)
+        shift += width
+        extra -= width
+    return x, w, z
+
+
+@nb.njit(cache=True)
+def _step(buf: np.ndarray, x: np.uint64, w: int, l_row: np.ndarray, fc_row: np.ndarray,
+          base: np.ndarray, extra: np.ndarray) -> tuple[np.uint64, int, np.uint64, int]:
+    # pragma: no cover - numba
+    """Decode one value: its symbol from the state, then up to 16 raw bits; (x, w, z, raw
+    bits in all). The caller takes the rest (:func:`_wide_raw`) when more than 16: kept
+    out of here, a branch inside stops numba pruning a reference count per value.
+
+    ``fc_row`` packs a symbol's frequency and cumulative frequency in one word (one load
+    on the state's dependency chain instead of two); the first 16 raw bits, which are all
+    the raw bits of residuals below 2**19, are taken without a branch.
+    """
+    slot = x & U64(M - 1)
+    s = U64(l_row[slot])
+    fc = U64(fc_row[s])
+    x = (fc >> U64(16)) * (x >> U64(PROB_BITS)) + slot - (fc & U64(0xFFFF))
+    x, w = _refill(buf, x, w)
+    ex = extra[s]
+    width = min(ex, 16)
+    z = base[s] | (x & ((U64(1) << U64(width)) - U64(1)))
+    x >>= U64(width)
+    x, w = _refill(buf, x, w)
+    return x, w, z, ex
+
+
+@nb.njit(inline="always", cache=True)
+def _unzz(z: np.uint64) -> np.int64:  # pragma: no cover - numba
+    return np.int64(z >> U64(1)) ^ -np.int64(z & U64(1))
+
+
+@nb.njit(inline="always", cache=True)
+def _open(buf: np.ndarray, pos: int, end: int) -> tuple[int, np.uint64]:
+    # pragma: no cover - numba
+    """(model, initial state) of the astream body [pos, end); model -1 when malformed."""
     if end - pos < 5 or (end - pos - 5) % 2:
-        return -1
-    k = np.int64(buf[pos])
+        return -1, U64(0)
     x = U64(buf[pos + 1]) | (U64(buf[pos + 2]) << U64(8)) | (U64(buf[pos + 3]) << U64(16)) \
         | (U64(buf[pos + 4]) << U64(24))
-    w = pos + 5
     if x < U64(RANS_L):
+        return -1, U64(0)
+    return np.int64(buf[pos]), x
+
+
+@nb.njit(cache=True)
+def _decode(buf: np.ndarray, pos: int, end: int, m: int, lookup: np.ndarray, fc: np.ndarray,
+            base: np.ndarray, extra: np.ndarray, out: np.ndarray) -> int:
+    # pragma: no cover - numba
+    """Read an astream body (after its varint) of bytes [pos, end) into out[:m] as int64
+    residuals (un-zigzagged); returns end, or -1 when the stream is malformed."""
+    k, x = _open(buf, pos, end)
+    if k < 0:
         return -1
+    w = pos + 5
     l_row = lookup[k]
-    f_row = freq[k]
-    c_row = cum[k]
-    mask = U64(M - 1)
+    fc_row = fc[k]
     for i in range(m):
-        slot = x & mask
-        s = np.int64(l_row[slot])
-        x = U64(f_row[s]) * (x >> U64(PROB_BITS)) + slot - U64(c_row[s])
-        if x < U64(RANS_L):
-            if w + 2 > end:
-                return -1
-            x = (x << U64(16)) | U64(buf[w]) | (U64(buf[w + 1]) << U64(8))
-            w += 2
-        if s < 16:
-            z = U64(s)
-        else:
-            extra = (s - 16) // 4 + 2
-            z = U64(4 + (s - 16) % 4) << U64(extra)
-            shift = 0
-            while extra > 0:
-                width = min(16, extra)
-                z |= (x & ((U64(1) << U64(width)) - U64(1))) << U64(shift)
-                x >>= U64(width)
-                if x < U64(RANS_L):
-                    if w + 2 > end:
-                        return -1
-                    x = (x << U64(16)) | U64(buf[w]) | (U64(buf[w + 1]) << U64(8))
-                    w += 2
-                shift += width
-                extra -= width
-        out[i] = np.int64(z >> U64(1)) ^ -np.int64(z & U64(1))
+        if w > end:
+            return -1
+        x, w, z, ex = _step(buf, x, w, l_row, fc_row, base, extra)
+        if ex > 16:
+            x, w, z = _wide_raw(buf, x, w, z, ex)
+        out[i] = _unzz(z)
     if x != U64(RANS_L) or w != end:
         return -1
     return end
 
 
-TABLES: Final = (LOOKUP, FREQ, CUM, COST)
+@nb.njit(inline="always", cache=True)
+def _finish(buf: np.ndarray, x: np.uint64, w: int, end: int, l_row: np.ndarray,
+            fc_row: np.ndarray, base: np.ndarray, extra: np.ndarray, i0: int, m: int,
+            out: np.ndarray) -> bool:  # pragma: no cover - numba
+    """A lane's values from i0 to m alone, then its end check (final state, no word left)."""
+    for i in range(i0, m):
+        if w > end:
+            return False
+        x, w, z, ex = _step(buf, x, w, l_row, fc_row, base, extra)
+        if ex > 16:
+            x, w, z = _wide_raw(buf, x, w, z, ex)
+        out[i] = _unzz(z)
+    return x == U64(RANS_L) and w == end
+
+
+@nb.njit(cache=True)
+def _decode4(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, ms: np.ndarray, nl: int,
+             out: np.ndarray, lookup: np.ndarray, fc: np.ndarray, base: np.ndarray,
+             extra: np.ndarray) -> int:  # pragma: no cover - numba
+    """Decode ``nl`` (1..4) astream bodies, [starts[l], ends[l]) -> out[l, :ms[l]], at once.
+
+    One stream's decode is a chain of dependent loads and multiplies; four independent
+    chains in one loop keep the core busy while each waits (a group's columns are such
+    streams, so the layout needs no interleaving of its own). Lanes past ``nl`` repeat the
+    last stream into their own rows of ``out`` (4 rows). Returns 0, or -1 when any is
+    malformed.
+    """
+    k0, x0 = _open(buf, starts[0], ends[0])
+    k1, x1 = _open(buf, starts[min(1, nl - 1)], ends[min(1, nl - 1)])
+    k2, x2 = _open(buf, starts[min(2, nl - 1)], ends[min(2, nl - 1)])
+    k3, x3 = _open(buf, starts[min(3, nl - 1)], ends[min(3, nl - 1)])
+    if k0 < 0 or k1 < 0 or k2 < 0 or k3 < 0:
+        return -1
+    e0, e1, e2, e3 = ends[0], ends[min(1, nl - 1)], ends[min(2, nl - 1)], ends[min(3, nl - 1)]
+    w0, w1, w2, w3 = starts[0] + 5, starts[min(1, nl - 1)] + 5, starts[min(2, nl - 1)] + 5, \
+        starts[min(3, nl - 1)] + 5
+    l0, l1, l2, l3 = lookup[k0], lookup[k1], lookup[k2], lookup[k3]
+    f0, f1, f2, f3 = fc[k0], fc[k1], fc[k2], fc[k3]
+    o0, o1, o2, o3 = out[0], out[1], out[2], out[3]
+    mmin = ms[0]
+    for lane in range(1, nl):
+        mmin = min(mmin, ms[lane])
+    for i in range(mmin):
+        if w0 > e0 or w1 > e1 or w2 > e2 or w3 > e3:
+            return -1
+        x0, w0, z0, ex = _step(buf, x0, w0, l0, f0, base, extra)
+        if ex > 16:
+            x0, w0, z0 = _wide_raw(buf, x0, w0, z0, ex)
+        x1, w1, z1, ex = _step(buf, x1, w1, l1, f1, base, extra)
+        if ex > 16:
+            x1, w1, z1 = _wide_raw(buf, x1, w1, z1, ex)
+        x2, w2, z2, ex = _step(buf, x2, w2, l2, f2, base, extra)
+        if ex > 16:
+            x2, w2, z2 = _wide_raw(buf, x2, w2, z2, ex)
+        x3, w3, z3, ex = _step(buf, x3, w3, l3, f3, base, extra)
+        if ex > 16:
+            x3, w3, z3 = _wide_raw(buf, x3, w3, z3, ex)
+        o0[i] = _unzz(z0)
+        o1[i] = _unzz(z1)
+        o2[i] = _unzz(z2)
+        o3[i] = _unzz(z3)
+    ok = _finish(buf, x0, w0, e0, l0, f0, base, extra, mmin, ms[0], o0)
+    if nl > 1:
+        ok &= _finish(buf, x1, w1, e1, l1, f1, base, extra, mmin, ms[1], o1)
+    if nl > 2:
+        ok &= _finish(buf, x2, w2, e2, l2, f2, base, extra, mmin, ms[2], o2)
+    if nl > 3:
+        ok &= _finish(buf, x3, w3, e3, l3, f3, base, extra, mmin, ms[3], o3)
+    return 0 if ok else -1
+
+
+TABLES: Final = (LOOKUP, FREQ, CUM, COST, FC, SYM_BASE, SYM_EXTRA)
 """What the kernels take as ``tab`` (numba would freeze a global table into every
 compiled function, and one over 1 MB makes them uncachable)."""
 
@@ -281,4 +406,11 @@ def encode(z: np.ndarray, m: int, k: int, words: np.ndarray, tab: tuple) -> tupl
 def decode(buf: np.ndarray, pos: int, end: int, m: int, out: np.ndarray, tab: tuple) -> int:
     # pragma: no cover - numba
     """Decode the astream body at [pos, end) into out[:m] (int64 residuals); end or -1."""
-    return _decode(buf, pos, end, m, tab[0], tab[1], tab[2], out)
+    return _decode(buf, pos, end, m, tab[0], tab[4], tab[5], tab[6], out)
+
+
+@nb.njit(inline="always", cache=True)
+def decode4(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, ms: np.ndarray, nl: int,
+            out: np.ndarray, tab: tuple) -> int:  # pragma: no cover - numba
+    """Decode ``nl`` (1..4) astream bodies into the rows of out (4, >= max ms); 0 or -1."""
+    return _decode4(buf, starts, ends, ms, nl, out, tab[0], tab[4], tab[5], tab[6])
