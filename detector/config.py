@@ -178,6 +178,14 @@ class RulesConfig:
     stuck_history_s: float = 1800.0
     """Seconds learned at a power before the sensor's own longest runs of one value at that
     power are trusted."""
+    rest_excess_c: float = 6.0
+    """A GPU of a node at rest this far above the node's median beyond its learned place ..."""
+    rest_unlearned_c: float = 12.0
+    """... or this far above it before its place is learned ..."""
+    rest_settle_s: float = 300.0
+    """... once the whole node has idled this long ..."""
+    rest_learn_s: float = 1800.0
+    """... its place learned over this many seconds at rest: the heat path degraded."""
     deficit_ratio: float = 0.08
     """A busy GPU this far below its peers' (or its own best) SM clock with no reason bit ..."""
     deficit_after_s: float = 60.0
@@ -196,7 +204,9 @@ class RulesConfig:
             stale_after_s=self.stale_after_s, slowdown_open_after=self.slowdown_open_after,
             stuck_after_s=self.stuck_after_s, stuck_predicted_c=self.stuck_predicted_c,
             excess_c=self.excess_c, excess_after_s=self.excess_after_s,
-            stuck_history_s=self.stuck_history_s, deficit_ratio=self.deficit_ratio,
+            stuck_history_s=self.stuck_history_s, rest_excess_c=self.rest_excess_c,
+            rest_unlearned_c=self.rest_unlearned_c, rest_settle_s=self.rest_settle_s,
+            rest_learn_s=self.rest_learn_s, deficit_ratio=self.deficit_ratio,
             deficit_after_s=self.deficit_after_s,
             burst_count=self.burst_count, burst_window_s=self.burst_window_s,
             lost_open_after=self.lost_open_after, event_hold_s=self.event_hold_s,
@@ -210,10 +220,13 @@ class RulesConfig:
         if min(self.stuck_after_s, self.stuck_predicted_c, self.excess_c, self.burst_count,
                self.burst_window_s) <= 0 or min(self.excess_after_s, self.stuck_history_s,
                                                 self.deficit_after_s) < 0 \
-                or not 0.0 < self.deficit_ratio < 1.0:
+                or not 0.0 < self.deficit_ratio < 1.0 \
+                or not 0 < self.rest_excess_c <= self.rest_unlearned_c \
+                or self.rest_settle_s < 0 or self.rest_learn_s <= 0:
             raise ConfigError("rules: stuck_*, excess_c, burst_count and burst_window_s must "
                               "be > 0, the *_after_s and stuck_history_s >= 0, deficit_ratio "
-                              "in (0, 1)")
+                              "in (0, 1), 0 < rest_excess_c <= rest_unlearned_c, "
+                              "rest_settle_s >= 0 and rest_learn_s > 0")
 
 
 @dataclass(frozen=True, slots=True)

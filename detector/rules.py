@@ -52,6 +52,11 @@ thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's
                              A node with one GPU reading temperature has no peers: its own
                              excess counts; on a node where fewer than three GPUs can be judged
                              yet (their models still learning a new power), none is judged.
+                             Also, with no power reading or model needed: a die at rest that
+                             reads ``rest_excess_c`` above its resting node's median beyond
+                             its own learned place there (``rest_unlearned_c`` before one is
+                             learned), while the whole node (four GPUs or more) has idled
+                             ``rest_settle_s``, for ``excess_after_s`` (``RuleBook._hot_at_rest``).
 clock_deficit      warning   a busy GPU (``utilization >= 80 %``) runs its SM clock
                              ``deficit_ratio`` or more below the clock it should (its busy node
                              peers' median, or its own highest), or a working one (30 %) three
@@ -128,6 +133,17 @@ class RuleParams:
     """Degrees above the GPU's own thermal prediction (and its node peers') ..."""
     excess_after_s: float = 60.0
     """... held this long before the heat path counts as degraded."""
+    rest_excess_c: float = 6.0
+    """Degrees a GPU at rest reads above its resting node peers' median, beyond its own
+    learned place among them ..."""
+    rest_unlearned_c: float = 12.0
+    """... or above that median outright while its place is not learned yet ..."""
+    rest_settle_s: float = 300.0
+    """... once it and every GPU of its node have idled this long (a die of two minutes'
+    lag has shed all but a few degrees of its last job by then) ..."""
+    rest_learn_s: float = 1800.0
+    """... its place learned over this many seconds at rest (the memory of that average,
+    and how much of it counts as learned)."""
     deficit_ratio: float = 0.08
     """Fraction below its reference clock a busy GPU must run, with no reason bit ..."""
     deficit_after_s: float = 60.0
@@ -180,6 +196,13 @@ def rules_for(p: RuleParams) -> tuple[Rule, ...]:
     )
 
 
+REST_UTIL: Final = 0.05
+"""Utilisation at or below which a GPU counts as idle (NVML's sampling shows a few percent of
+housekeeping kernels on an idle board)."""
+MIN_REST_PEERS: Final = 4
+"""GPUs of a node at rest (the judged one included) for their median to judge: one hot die
+among three others cannot move it."""
+
 RULES: Final = rules_for(RuleParams())
 LOST: Final = len(RULES) - 1
 
@@ -201,6 +224,7 @@ class RuleBook:
               "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus", "stuck_kmin", "stuck_kmax", "stuck_err",
               "stuck_swung_ms",
               "run_max_s", "runs_n", "excess_since_ms", "excess_err", "excess_kplaus",
+              "rest_since_ms", "rest_offset", "rest_learned_s", "rest_hot_since_ms",
               "deficit_evidence_s",
               "burst")
 
@@ -246,6 +270,15 @@ class RuleBook:
         self.excess_kplaus = np.zeros((0, len(TAUS_S)), dtype=bool)
         """The lags plausible while the GPU last ran as its model predicts (none yet: those
         plausible now)."""
+        self.rest_since_ms = np.zeros(0, dtype=np.int64)
+        """Since when the GPU has idled (0: it is busy, or reads no temperature)."""
+        self.rest_offset = np.zeros(0)
+        """Its usual reading above its resting node's median while all rest: its place in
+        the airflow or on the loop ..."""
+        self.rest_learned_s = np.zeros(0)
+        """... and the seconds at rest it was learned from."""
+        self.rest_hot_since_ms = np.zeros(0, dtype=np.int64)
+        """Since when it has read hot for its place at rest (0: it does not)."""
         self.deficit_evidence_s = np.zeros(0)
         """Seconds of evidence that the GPU runs below its reference clock with no reason,
         weighted by how deep (0: it does not)."""
@@ -408,8 +441,11 @@ class RuleBook:
         self.excess_since_ms[ids] = since
         cond[:, 6] = hot & (ts_ms - since >= p.excess_after_s * 1000)
         val[:, 6] = np.where(finite, excess, 0.0)
-        # A busy GPU clocked below where it should run, with no reason reported.
         util = row[:, COL["utilization_ratio"]]
+        rest_hot, rest_dev = self._hot_at_rest(ids, temp, util, dt_s, ts_ms, ctx.node)
+        val[:, 6] = np.where(rest_hot & ~cond[:, 6], rest_dev, val[:, 6])
+        cond[:, 6] |= rest_hot
+        # A busy GPU clocked below where it should run, with no reason reported.
         clock = row[:, COL["sm_clock_hertz"]]
         ref = ctx.clock_ref_hz
         # A power-cap bit explains a low clock only at the power limit (or where the limit
@@ -454,6 +490,56 @@ class RuleBook:
         val[:, 9] = burst[:, 1]
         cond[:, LOST] = ~valid
         return cond, val
+
+    def _hot_at_rest(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
+                     util: npt.NDArray[np.float64], dt_s: npt.NDArray[np.float64], ts_ms: int,
+                     node: npt.NDArray[np.intp]
+                     ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
+        """``thermal_excess`` judged without power: a die hot for its place in a node at rest
+        (the condition, held ``excess_after_s``; and how far above the node's median it is).
+
+        When every GPU of a node has idled ``rest_settle_s``, their dies sit at inlet plus
+        idle power times their heat path's resistance: the inlet is the node's, the idle
+        power about equal, so they differ only by where each sits in the airflow or on the
+        loop, which does not change and is learned. A die ``rest_excess_c`` above its
+        resting node's median beyond that learned place (``rest_unlearned_c`` above it
+        while none is learned) passes its idle heat through a degraded path (paste, fan,
+        cold plate). It needs no power reading (dcgm-exporter subsets without one leave
+        the thermal model blind) and no learned thermal model, and a node with any GPU at
+        work is not judged: a busy neighbour heats the air its idle peers breathe."""
+        p = self.params
+        resting = np.isfinite(temp) & np.isfinite(util) & (util <= REST_UTIL)
+        since = self.rest_since_ms[ids]
+        since = np.where(resting, np.where(since > 0, since, ts_ms), 0)
+        self.rest_since_ms[ids] = since
+        settled = resting & (ts_ms - since >= p.rest_settle_s * 1000)
+        reporting = np.isfinite(temp) | np.isfinite(util)
+        n_rep = np.bincount(node, weights=reporting.astype(np.float64))
+        n_set = np.bincount(node, weights=settled.astype(np.float64))
+        judged = settled & ((n_set == n_rep) & (n_set >= MIN_REST_PEERS))[node]
+        med = node_median(np.where(judged, temp, np.nan), node)
+        dev = np.where(judged, temp - med, np.nan)
+        offset = self.rest_offset[ids]
+        learned = self.rest_learned_s[ids] >= p.rest_learn_s
+        above = np.where(learned, dev - offset, dev)
+        bar = np.where(learned, p.rest_excess_c, p.rest_unlearned_c)
+        hot = judged & (above >= bar)
+        # Learn the place from readings that look like one: near what was learned, or
+        # (before anything is) within the learned bar of the median, so a hot die is not
+        # taken for a warm seat.
+        near = np.abs(above) < np.where(learned, 0.5 * p.rest_excess_c, p.rest_excess_c)
+        learn = judged & ~hot & near
+        w = np.minimum(1.0, dt_s / p.rest_learn_s)
+        seen = self.rest_learned_s[ids]
+        first = seen <= 0
+        self.rest_offset[ids] = np.where(
+            learn, np.where(first, dev, offset + (dev - offset) * w), offset)
+        self.rest_learned_s[ids] = np.where(learn, seen + dt_s, seen)
+        hot_since = self.rest_hot_since_ms[ids]
+        hot_since = np.where(hot, np.where(hot_since > 0, hot_since, ts_ms), 0)
+        self.rest_hot_since_ms[ids] = hot_since
+        return (hot & (ts_ms - hot_since >= p.excess_after_s * 1000),
+                np.where(judged, dev, 0.0))
 
     def step(
         self, ids: npt.NDArray[np.int64], cond: npt.NDArray[np.bool_],

@@ -1,0 +1,105 @@
+"""``thermal_excess`` judged at rest (``RuleBook._hot_at_rest``): a die hot for its place in a
+node that idles, found with no power reading at all, while healthy resting nodes with
+persistent seat offsets, a node with one busy GPU, and a node still cooling from its last
+job page nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from test_detector_support import healthy, small_config, timestamps
+
+from detector.features import COL
+from detector.shard import DetectorShard
+from schemas.records import AlertState
+
+RACK = "c1/row-a/rack-1"
+PER_NODE = 8
+
+
+def _shard(nodes: int = 2) -> tuple[DetectorShard, npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    shard = DetectorShard(small_config())
+    paths = [f"{RACK}/node-{g // PER_NODE}/gpu-{g % PER_NODE}" for g in range(nodes * PER_NODE)]
+    ids, node_ids = shard.register(paths, [RACK] * len(paths),
+                                   [p.rsplit("/", 1)[0] for p in paths])
+    return shard, ids, node_ids
+
+
+def _resting(steps: int, gpus: int, seed: int = 0) -> npt.NDArray[np.float64]:
+    """Idle GPUs of a dcgm-exporter subset without power or clocks: utilisation 0-2 %,
+    whole-degree dies at 30-35 degC by seat (a fixed offset per GPU), +-0.4 degC noise."""
+    rng = np.random.default_rng(seed)
+    x = healthy(steps, gpus, seed)
+    for name in ("power_usage_watts", "power_limit_watts", "sm_clock_hertz",
+                 "clock_event_reasons"):
+        x[:, :, COL[name]] = np.nan
+    x[:, :, COL["utilization_ratio"]] = np.round(rng.uniform(0, 0.02, (steps, gpus)), 2)
+    seat = rng.uniform(30.0, 35.0, gpus)
+    temp = np.round(seat + rng.normal(0, 0.4, (steps, gpus)))
+    x[:, :, COL["temperature_celsius"]] = temp
+    x[:, :, COL["memory_temperature_celsius"]] = temp + 4
+    return x
+
+
+def _excess(shard: DetectorShard, ids: npt.NDArray[np.int64], nodes: npt.NDArray[np.int64],
+            data: npt.NDArray[np.float64]) -> list[tuple[str, int]]:
+    got = shard.process(ids, nodes, timestamps(len(data)), data)
+    t0 = timestamps(1)[0]
+    return [(a.entity.rsplit("/", 2)[-2] + "/" + a.entity.rsplit("/", 1)[-1],
+             (a.started_ms - t0) // 1000) for a in got
+            if a.source == "rule:thermal_excess" and a.state is AlertState.FIRING]
+
+
+def test_a_hot_idle_die_is_found_without_power_and_healthy_seats_are_not() -> None:
+    shard, ids, nodes = _shard()
+    data = _resting(1500, 16)
+    temp = COL["temperature_celsius"]
+    # node 0, GPU 3: its heat path fails at step 900 (+15 degC), node still at rest
+    data[900:, 3, temp] += 15.0
+    got = _excess(shard, ids, nodes, data)
+    assert [e for e, _ in got] == ["node-0/gpu-3"], got
+    # settled since step 0 + 300 s; hot from 900, held 60 s
+    assert 955 <= got[0][1] <= 965, got
+
+
+def test_a_learned_seat_lowers_the_bar_and_a_warm_seat_is_not_a_fault() -> None:
+    shard, ids, nodes = _shard(nodes=1)
+    data = _resting(4000, 8, seed=3)
+    temp = COL["temperature_celsius"]
+    # GPU 5 sits 5 degC warmer than its peers all along (its seat): never accused
+    data[:, 5, temp] += 5.0
+    # GPU 1 heats by 8 degC at step 3000: under the 12 degC bar of an unlearned seat, over
+    # the 6 degC of a seat learned for 30 minutes at rest (from step 300 on)
+    data[3000:, 1, temp] += 8.0
+    got = _excess(shard, ids, nodes, data)
+    assert [e for e, _ in got] == ["node-0/gpu-1"], got
+    assert 3055 <= got[0][1] <= 3065, got
+    # the same heat before the seat is learned stays under the unlearned bar
+    shard, ids, nodes = _shard(nodes=1)
+    early = _resting(1500, 8, seed=3)
+    early[900:, 1, temp] += 8.0
+    assert _excess(shard, ids, nodes, early) == []
+
+
+def test_a_node_with_a_busy_gpu_or_still_cooling_is_not_judged() -> None:
+    shard, ids, nodes = _shard(nodes=1)
+    data = _resting(1500, 8, seed=5)
+    util, temp = COL["utilization_ratio"], COL["temperature_celsius"]
+    # GPU 7 works from step 600: its exhaust may heat an idle neighbour, so the node is
+    # not at rest and GPU 2's +15 degC is not judged here (the thermal model judges that
+    # where power is read)
+    data[600:, 7, util] = 0.9
+    data[600:, 7, temp] += 30.0
+    data[900:, 2, temp] += 15.0
+    assert _excess(shard, ids, nodes, data) == []
+    # a node whose job ended at step 600: GPU 4 cools more slowly than its peers, 20 degC
+    # above them at first, but the node is judged only after 300 s of rest, by when it has
+    # come down to its seat
+    shard, ids, nodes = _shard(nodes=1)
+    data = _resting(1500, 8, seed=6)
+    data[:600, :, util] = 0.95
+    cool = np.exp(-np.arange(900) / 40.0)
+    data[:600, :, temp] += 35.0
+    data[600:, :, temp] += np.round(35.0 * np.exp(-np.arange(900) / 15.0))[:, None]
+    data[600:, 4, temp] += np.round(20.0 * cool)
+    assert _excess(shard, ids, nodes, data) == []
