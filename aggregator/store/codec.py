@@ -126,6 +126,8 @@ E_MAX: Final = 15
 N_LIMIT: Final = 1 << 53
 PAD: Final = 32  # zero bytes after a blob: a bit reader may look 66 bits past a stream
 MAX_LAG: Final = 8
+HIST: Final = 66
+"""Entries of a bit-length histogram (lengths 0..64, and one spare)."""
 XOR_CHECK_BYTES: Final = 4
 """A decimal column costing more than this per value (+16) is also tried as XOR."""
 MAX_SAMPLES: Final = 1 << 24
@@ -256,12 +258,11 @@ def _be_words(buf: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
 
 @nb.njit(inline="always", cache=True)
 def _peek(words: np.ndarray, bitpos: int) -> np.uint64:  # pragma: no cover - numba
-    """The 64 bits starting at ``bitpos`` (the buffer ends in >= 2 zero words)."""
+    """The 64 bits starting at ``bitpos`` (the buffer ends in >= 2 zero words); without a
+    branch for a word-aligned position (the low word is shifted in in two steps)."""
     j = bitpos >> 6
-    r = bitpos & 63
-    if r == 0:
-        return words[j]
-    return (words[j] << U64(r)) | (words[j + 1] >> U64(64 - r))
+    r = U64(bitpos & 63)
+    return (words[j] << r) | ((words[j + 1] >> U64(1)) >> (U64(63) - r))
 
 
 @nb.njit(inline="always", cache=True)
@@ -593,7 +594,8 @@ def _offsets(ints: np.ndarray, n: int, g: np.int64) -> None:  # pragma: no cover
 def _plan_stream(m: int, lmax: int, hist: np.ndarray, widths: np.ndarray) -> tuple[int, int]:
     # pragma: no cover - numba
     """Best prefix code for m values whose bit-length histogram is ``hist`` (longest
-    ``lmax``): fills widths[:c]; returns (c, payload bits). Consumes ``hist``.
+    ``lmax``): fills widths[:c]; returns (c, payload bits). Consumes ``hist`` (2 * HIST
+    entries: the histogram, then scratch).
 
     The first minimum in the order (c = 1; c = 2 by w0; c = 3 by w0, then w1), as a
     search of every width would find it, but only widths some value has are tried (and
@@ -603,7 +605,7 @@ def _plan_stream(m: int, lmax: int, hist: np.ndarray, widths: np.ndarray) -> tup
     best_bits = m * lmax
     best_c = 1
     widths[0] = lmax
-    have = np.empty(65, np.int64)  # the candidate widths below lmax, ascending
+    have = hist[HIST:]  # the candidate widths below lmax, ascending
     nh = 1
     have[0] = 0
     for w in range(1, lmax):
@@ -655,29 +657,27 @@ def _write_stream(z: np.ndarray, m: int, c: int, widths: np.ndarray, nbits: int,
     if c == 1:
         for i in range(m):
             pos, acc, nacc = _put64(buf, pos, acc, nacc, z[i], w0)
-    elif c == 2:
-        w1 = widths[1]
-        for i in range(m):
-            if _bitlen(z[i]) <= w0:
-                pos, acc, nacc = _put(buf, pos, acc, nacc, U64(0), 1)
-                pos, acc, nacc = _put64(buf, pos, acc, nacc, z[i], w0)
-            else:
-                pos, acc, nacc = _put(buf, pos, acc, nacc, U64(1), 1)
-                pos, acc, nacc = _put64(buf, pos, acc, nacc, z[i], w1)
-    else:
-        w1 = widths[1]
-        w2 = widths[2]
-        for i in range(m):
-            b = _bitlen(z[i])
-            if b <= w0:
-                pos, acc, nacc = _put(buf, pos, acc, nacc, U64(0), 1)
-                pos, acc, nacc = _put64(buf, pos, acc, nacc, z[i], w0)
-            elif b <= w1:
-                pos, acc, nacc = _put(buf, pos, acc, nacc, U64(0b10), 2)
-                pos, acc, nacc = _put64(buf, pos, acc, nacc, z[i], w1)
-            else:
-                pos, acc, nacc = _put(buf, pos, acc, nacc, U64(0b11), 2)
-                pos, acc, nacc = _put64(buf, pos, acc, nacc, z[i], w2)
+        return _finish(buf, pos, acc, nacc)
+    # class 1 and 2 codes ('1' and '1' for c = 2, '10' and '11' for c = 3); with c = 2
+    # class 2 is class 1 again, which no value reaches past (its width is the longest)
+    w1 = widths[1]
+    w2 = widths[2] if c == 3 else w1
+    h1 = U64(1) if c == 2 else U64(0b10)
+    h2 = U64(1) if c == 2 else U64(0b11)
+    l1 = 1 if c == 2 else 2
+    for i in range(m):
+        # the class by selects, not branches: a noisy column's classes follow no pattern
+        b = _bitlen(z[i])
+        in0 = b <= w0
+        in1 = b <= w1
+        head = U64(0) if in0 else (h1 if in1 else h2)
+        hl = 1 if in0 else l1
+        w = w0 if in0 else (w1 if in1 else w2)
+        if hl + w <= 64:  # one put of code and value (all but 63- and 64-bit values)
+            pos, acc, nacc = _put(buf, pos, acc, nacc, (head << U64(w)) | z[i], hl + w)
+        else:
+            pos, acc, nacc = _put(buf, pos, acc, nacc, head, hl)
+            pos, acc, nacc = _put64(buf, pos, acc, nacc, z[i], w)
     return _finish(buf, pos, acc, nacc)
 
 
@@ -702,6 +702,48 @@ def _read_stream(buf: np.ndarray, words: np.ndarray, pos: int, end: int, m: int,
         return -1
     bit = pos * 8
     stop = (pos + np.int64(nbytes)) * 8
+    if max(w0, w1, w2) <= 62:
+        bit = _read_short(words, bit, stop, m, c, w0, w1, w2, out)
+    else:
+        bit = _read_long(words, bit, stop, m, c, w0, w1, w2, out)
+    if bit < 0 or bit > stop:
+        return -1
+    return pos + np.int64(nbytes)
+
+
+@nb.njit(cache=True)
+def _read_short(words: np.ndarray, bit: int, stop: int, m: int, c: int, w0: int, w1: int,
+                w2: int, out: np.ndarray) -> int:  # pragma: no cover - numba
+    """A stream's values when code and value fit one 64-bit peek (widths <= 62): the
+    class's width and code length are looked up by the top two bits, no branch per value
+    (a noisy column's classes follow no pattern). Returns the end bit, -1 past ``stop``."""
+    # per top two bits t (0..3), width and code length packed a byte each
+    if c == 1:
+        wt = U64(w0) * U64(0x01010101)
+        lt = U64(0)
+    elif c == 2:
+        wt = U64(w0) | (U64(w0) << U64(8)) | (U64(w1) << U64(16)) | (U64(w1) << U64(24))
+        lt = U64(0x01010101)
+    else:
+        wt = U64(w0) | (U64(w0) << U64(8)) | (U64(w1) << U64(16)) | (U64(w2) << U64(24))
+        lt = U64(0x02020101)
+    for i in range(m):
+        if bit > stop:
+            return -1
+        top = _peek(words, bit)
+        t = (top >> U64(62)) << U64(3)
+        w = (wt >> t) & U64(0xFF)
+        cl = (lt >> t) & U64(0xFF)
+        out[i] = _unzz(((top << cl) >> U64(1)) >> (U64(63) - w))
+        bit += np.int64(cl + w)
+    return bit
+
+
+@nb.njit(cache=True)
+def _read_long(words: np.ndarray, bit: int, stop: int, m: int, c: int, w0: int, w1: int,
+               w2: int, out: np.ndarray) -> int:  # pragma: no cover - numba
+    """A stream's values, any widths (up to 64 with a 2-bit code). Returns the end bit,
+    -1 past ``stop``."""
     for i in range(m):
         if bit > stop:
             return -1
@@ -727,9 +769,7 @@ def _read_stream(buf: np.ndarray, words: np.ndarray, pos: int, end: int, m: int,
             z = (_get(words, bit, w - 32) << U64(32)) | _get(words, bit + w - 32, 32)
         bit += w
         out[i] = _unzz(z)
-    if bit > stop:
-        return -1
-    return pos + np.int64(nbytes)
+    return bit
 
 
 # ---------------------------------------------------------------------------- columns
@@ -864,7 +904,7 @@ def _lag_stream(x: np.ndarray, f: int, n: int, lag: int, z: np.ndarray,
                 hist: np.ndarray) -> int:  # pragma: no cover - numba
     """Zigzagged residuals of x[f+1:n] against x[i-lag] (x[i-1] while i-lag < f) into z,
     their bit-length histogram into hist; returns the longest bit length."""
-    hist[:66] = 0
+    hist[:HIST] = 0
     lmax = 0
     for i in range(f + 1, n):
         ref = i - lag if i - lag >= f else i - 1
@@ -876,19 +916,33 @@ def _lag_stream(x: np.ndarray, f: int, n: int, lag: int, z: np.ndarray,
     return lmax
 
 
+@nb.njit(inline="always", cache=True)
+def _zzlen(d: np.int64) -> int:  # pragma: no cover - numba
+    """Bit length of zz(d)."""
+    return _bitlen(_zz(d))
+
+
 @nb.njit(cache=True)
 def _best_lag(x: np.ndarray, f: int, n: int) -> int:  # pragma: no cover - numba
     """The lag in 1..MAX_LAG whose residuals x[i] - x[i-lag] have the fewest bits, counted
     on every other i from f + MAX_LAG on (the same points for every lag, half the work);
-    ties go to the smaller lag."""
-    start = f + MAX_LAG
-    best = -1
+    ties go to the smaller lag. All eight sums in one pass (MAX_LAG is 8): eight
+    independent chains instead of eight passes over x, each bound by its one sum."""
+    b1 = b2 = b3 = b4 = b5 = b6 = b7 = b8 = 0
+    for i in range(f + MAX_LAG, n, 2):
+        xi = x[i]
+        b1 += _zzlen(xi - x[i - 1])
+        b2 += _zzlen(xi - x[i - 2])
+        b3 += _zzlen(xi - x[i - 3])
+        b4 += _zzlen(xi - x[i - 4])
+        b5 += _zzlen(xi - x[i - 5])
+        b6 += _zzlen(xi - x[i - 6])
+        b7 += _zzlen(xi - x[i - 7])
+        b8 += _zzlen(xi - x[i - 8])
+    best = b1
     lag = 1
-    for cand in range(1, MAX_LAG + 1):
-        bits = 0
-        for i in range(start, n, 2):
-            bits += _bitlen(_zz(x[i] - x[i - cand]))
-        if best < 0 or bits < best:
+    for cand, bits in ((2, b2), (3, b3), (4, b4), (5, b5), (6, b6), (7, b7), (8, b8)):
+        if bits < best:
             best = bits
             lag = cand
     return lag
@@ -1070,8 +1124,9 @@ def _dec_lanes(buf: np.ndarray, end: int, n: int, lanes: np.ndarray, nl: int, fl
                scratch: np.ndarray, tab: tuple) -> bool:  # pragma: no cover - numba
     """Decode the ``nl`` (1..4) C_DELTA_ANS / C_DOD_ANS columns whose tags are at
     lanes[0, :nl] into flat[lanes[1, l]:lanes[1, l] + n] (uint64 bit patterns); False when
-    one is malformed. Their rANS streams are read together: one stream is a chain of
-    dependent steps, four keep the core busy. ``scratch`` is (LANES + 1, n + 8) int64."""
+    one is malformed. Their rANS streams are read together (:func:`entropy.decode4`): one
+    stream is a chain of dependent steps, four keep the core busy. ``scratch`` is
+    (LANES + 1, n + 8) int64."""
     for lane in range(nl):
         tag, _, _, _, _, _, p = _num_head(buf, lanes[0, lane], end)
         if p < 0:
@@ -1082,8 +1137,18 @@ def _dec_lanes(buf: np.ndarray, end: int, n: int, lanes: np.ndarray, nl: int, fl
         lanes[2, lane] = q
         lanes[3, lane] = q + np.int64(nbytes)
         lanes[4, lane] = n - 2 if tag == C_DOD_ANS else n - 1
-    if entropy.decode4(buf, lanes[2], lanes[3], lanes[4], nl, scratch, tab) < 0:
-        return False
+    if nl == LANES:
+        if not entropy.decode4(buf, lanes[2], lanes[3], lanes[4], scratch, tab):
+            return False
+    else:  # a group's last one to three: in twos, then alone
+        if nl >= 2 and not entropy.decode2(buf, lanes[2, 0], lanes[3, 0], lanes[4, 0],
+                                           lanes[2, 1], lanes[3, 1], lanes[4, 1], scratch[0],
+                                           scratch[1], tab):
+            return False
+        last = nl - 1
+        if nl % 2 and entropy.decode(buf, lanes[2, last], lanes[3, last], lanes[4, last],
+                                     scratch[last], tab) < 0:
+            return False
     for lane in range(nl):
         tag, e, n0, g, lag, d1, _ = _num_head(buf, lanes[0, lane], end)
         off = lanes[1, lane]
@@ -1117,7 +1182,7 @@ def _enc_group(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, pos: int,
     z1 = np.empty(max(n, 1), np.uint64)
     z2 = np.empty(max(n, 1), np.uint64)
     zs = np.empty(max(n, 1), np.uint64)
-    hist = np.zeros(66, np.int64)
+    hist = np.zeros(2 * HIST, np.int64)
     w1 = np.zeros(3, np.int64)
     w2 = np.zeros(3, np.int64)
     ws = np.zeros(3, np.int64)
@@ -1376,22 +1441,23 @@ def decode_group(blob: bytes, columns: npt.ArrayLike | None = None
     pos, k, n = _dec_header(buf, 0, end)
     if pos < 0:
         raise CodecError(f"not a chunk: bad header ({end} bytes)")
-    if columns is None:
-        cols = np.arange(k, dtype=np.int64)
+    if columns is None:  # the common case, without the selection's array work
+        which = np.ones(k, np.bool_)
+        cols = uniq = None
     else:
         cols = np.asarray(columns, dtype=np.int64).reshape(-1)
         if cols.size and (cols.min() < 0 or cols.max() >= k):
             raise CodecError(f"column index out of range for a group of {k} series")
-    which = np.zeros(k, np.bool_)
-    which[cols] = True
-    uniq = np.flatnonzero(which)
+        which = np.zeros(k, np.bool_)
+        which[cols] = True
+        uniq = np.flatnonzero(which)
     ts = np.empty(n, np.int64)
-    out = np.empty((uniq.size, n), np.uint64)
+    out = np.empty((k if uniq is None else uniq.size, n), np.uint64)
     got = _dec_group(buf, _be_words(buf), 0, end, which, ts, out, entropy.TABLES)
     if got != end:
         raise CodecError(f"corrupt chunk of {end} bytes (k={k}, T={n}): decoding stopped at {got}")
     vals = out.view(np.float64)
-    if not np.array_equal(uniq, cols):
+    if uniq is not None and not np.array_equal(uniq, cols):
         vals = vals[np.searchsorted(uniq, cols)]
     return ts, vals.T
 

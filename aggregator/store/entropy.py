@@ -54,6 +54,7 @@ __all__ = [
     "TABLES",
     "build_freq",
     "decode",
+    "decode2",
     "decode4",
     "encode",
     "plan",
@@ -328,35 +329,63 @@ def _finish(buf: np.ndarray, x: np.uint64, w: int, end: int, l_row: np.ndarray,
 
 
 @nb.njit(cache=True)
-def _decode4(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, ms: np.ndarray, nl: int,
-             out: np.ndarray, lookup: np.ndarray, fc: np.ndarray, base: np.ndarray,
-             extra: np.ndarray) -> int:  # pragma: no cover - numba
-    """Decode ``nl`` (1..4) astream bodies, [starts[l], ends[l]) -> out[l, :ms[l]], at once.
+def _decode2(buf: np.ndarray, s0: int, e0: int, m0: int, s1: int, e1: int, m1: int,
+             out0: np.ndarray, out1: np.ndarray, lookup: np.ndarray, fc: np.ndarray,
+             base: np.ndarray, extra: np.ndarray) -> bool:  # pragma: no cover - numba
+    """Decode two astream bodies, [s0, e0) -> out0[:m0] and [s1, e1) -> out1[:m1], at once
+    (what :func:`_decode4` does for four, for the two or three left of a group's columns).
+    False when either is malformed."""
+    k0, x0 = _open(buf, s0, e0)
+    k1, x1 = _open(buf, s1, e1)
+    if k0 < 0 or k1 < 0:
+        return False
+    w0 = s0 + 5
+    w1 = s1 + 5
+    l0, l1 = lookup[k0], lookup[k1]
+    f0, f1 = fc[k0], fc[k1]
+    mmin = min(m0, m1)
+    for i in range(mmin):
+        if w0 > e0 or w1 > e1:
+            return False
+        x0, w0, z0, ex = _step(buf, x0, w0, l0, f0, base, extra)
+        if ex > 16:
+            x0, w0, z0 = _wide_raw(buf, x0, w0, z0, ex)
+        x1, w1, z1, ex = _step(buf, x1, w1, l1, f1, base, extra)
+        if ex > 16:
+            x1, w1, z1 = _wide_raw(buf, x1, w1, z1, ex)
+        out0[i] = _unzz(z0)
+        out1[i] = _unzz(z1)
+    ok = _finish(buf, x0, w0, e0, l0, f0, base, extra, mmin, m0, out0)
+    return _finish(buf, x1, w1, e1, l1, f1, base, extra, mmin, m1, out1) and ok
 
-    One stream's decode is a chain of dependent loads and multiplies; four independent
-    chains in one loop keep the core busy while each waits (a group's columns are such
-    streams, so the layout needs no interleaving of its own). Lanes past ``nl`` repeat the
-    last stream into their own rows of ``out`` (4 rows). Returns 0, or -1 when any is
-    malformed.
+
+@nb.njit(cache=True)
+def _decode4(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, ms: np.ndarray,
+             out: np.ndarray, lookup: np.ndarray, fc: np.ndarray, base: np.ndarray,
+             extra: np.ndarray) -> bool:  # pragma: no cover - numba
+    """Decode four astream bodies, [starts[l], ends[l]) -> out[l, :ms[l]], at once.
+
+    One stream's decode is a chain of dependent loads and multiplies (a value's symbol
+    needs the state the previous value left); four independent chains in one loop keep the
+    core busy while each waits: about twice the values per second of one stream. A
+    group's columns are such streams, so the layout needs no interleaving of its own.
+    False when any is malformed.
     """
     k0, x0 = _open(buf, starts[0], ends[0])
-    k1, x1 = _open(buf, starts[min(1, nl - 1)], ends[min(1, nl - 1)])
-    k2, x2 = _open(buf, starts[min(2, nl - 1)], ends[min(2, nl - 1)])
-    k3, x3 = _open(buf, starts[min(3, nl - 1)], ends[min(3, nl - 1)])
+    k1, x1 = _open(buf, starts[1], ends[1])
+    k2, x2 = _open(buf, starts[2], ends[2])
+    k3, x3 = _open(buf, starts[3], ends[3])
     if k0 < 0 or k1 < 0 or k2 < 0 or k3 < 0:
-        return -1
-    e0, e1, e2, e3 = ends[0], ends[min(1, nl - 1)], ends[min(2, nl - 1)], ends[min(3, nl - 1)]
-    w0, w1, w2, w3 = starts[0] + 5, starts[min(1, nl - 1)] + 5, starts[min(2, nl - 1)] + 5, \
-        starts[min(3, nl - 1)] + 5
+        return False
+    e0, e1, e2, e3 = ends[0], ends[1], ends[2], ends[3]
+    w0, w1, w2, w3 = starts[0] + 5, starts[1] + 5, starts[2] + 5, starts[3] + 5
     l0, l1, l2, l3 = lookup[k0], lookup[k1], lookup[k2], lookup[k3]
     f0, f1, f2, f3 = fc[k0], fc[k1], fc[k2], fc[k3]
     o0, o1, o2, o3 = out[0], out[1], out[2], out[3]
-    mmin = ms[0]
-    for lane in range(1, nl):
-        mmin = min(mmin, ms[lane])
+    mmin = min(min(ms[0], ms[1]), min(ms[2], ms[3]))
     for i in range(mmin):
         if w0 > e0 or w1 > e1 or w2 > e2 or w3 > e3:
-            return -1
+            return False
         x0, w0, z0, ex = _step(buf, x0, w0, l0, f0, base, extra)
         if ex > 16:
             x0, w0, z0 = _wide_raw(buf, x0, w0, z0, ex)
@@ -374,13 +403,9 @@ def _decode4(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, ms: np.ndarr
         o2[i] = _unzz(z2)
         o3[i] = _unzz(z3)
     ok = _finish(buf, x0, w0, e0, l0, f0, base, extra, mmin, ms[0], o0)
-    if nl > 1:
-        ok &= _finish(buf, x1, w1, e1, l1, f1, base, extra, mmin, ms[1], o1)
-    if nl > 2:
-        ok &= _finish(buf, x2, w2, e2, l2, f2, base, extra, mmin, ms[2], o2)
-    if nl > 3:
-        ok &= _finish(buf, x3, w3, e3, l3, f3, base, extra, mmin, ms[3], o3)
-    return 0 if ok else -1
+    ok &= _finish(buf, x1, w1, e1, l1, f1, base, extra, mmin, ms[1], o1)
+    ok &= _finish(buf, x2, w2, e2, l2, f2, base, extra, mmin, ms[2], o2)
+    return _finish(buf, x3, w3, e3, l3, f3, base, extra, mmin, ms[3], o3) and ok
 
 
 TABLES: Final = (LOOKUP, FREQ, CUM, COST, FC, SYM_BASE, SYM_EXTRA)
@@ -410,7 +435,14 @@ def decode(buf: np.ndarray, pos: int, end: int, m: int, out: np.ndarray, tab: tu
 
 
 @nb.njit(inline="always", cache=True)
-def decode4(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, ms: np.ndarray, nl: int,
-            out: np.ndarray, tab: tuple) -> int:  # pragma: no cover - numba
-    """Decode ``nl`` (1..4) astream bodies into the rows of out (4, >= max ms); 0 or -1."""
-    return _decode4(buf, starts, ends, ms, nl, out, tab[0], tab[4], tab[5], tab[6])
+def decode2(buf: np.ndarray, s0: int, e0: int, m0: int, s1: int, e1: int, m1: int,
+            out0: np.ndarray, out1: np.ndarray, tab: tuple) -> bool:  # pragma: no cover
+    """Decode two astream bodies at once (see :func:`_decode2`); False if one is bad."""
+    return _decode2(buf, s0, e0, m0, s1, e1, m1, out0, out1, tab[0], tab[4], tab[5], tab[6])
+
+
+@nb.njit(inline="always", cache=True)
+def decode4(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, ms: np.ndarray,
+            out: np.ndarray, tab: tuple) -> bool:  # pragma: no cover - numba
+    """Decode four astream bodies at once into the rows of out (see :func:`_decode4`)."""
+    return _decode4(buf, starts, ends, ms, out, tab[0], tab[4], tab[5], tab[6])
