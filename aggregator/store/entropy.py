@@ -31,7 +31,11 @@ backwards from x = 2**16 and the decoder must end on exactly that state with no 
 which also checks the stream.
 
 The codec calls :func:`plan` (model and bit estimate from a histogram, no writes) and
-:func:`encode` only where the plan beats the prefix code, and keeps the smaller stream.
+:func:`encode` only where the plan beats the prefix code, and keeps the smaller stream. It
+decodes a group's streams four at a time (:func:`decode4`; the last one to three with
+:func:`decode2` and :func:`decode`): a stream's values form one chain of dependent steps, and
+four chains in one loop decode 1.7-1.9x the values per second of one (the benchmark's
+streams).
 """
 
 from __future__ import annotations
