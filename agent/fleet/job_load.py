@@ -42,6 +42,7 @@ from agent.fleet.workloads import (
     Load,
     WorkloadParams,
     gpu_load,
+    rhythm,
 )
 
 __all__ = ["JobLoad"]
@@ -168,11 +169,8 @@ class JobLoad:
         kind = self.kind
         training = kind == TRAIN
         serving = kind == INFER
-        computing = training & (
-            np.mod((t_s + self.phase0_s) / self.period_s, 1.0) < self.compute_frac)
-        row_util = np.where(
-            training, np.where(computing, 98.5, 52.0),
-            np.where(serving, np.where(self.burst_on, self.burst_level, 7.0), 0.0))
+        computing, row_util = rhythm(t_s, training, serving, self.phase0_s, self.period_s,
+                                     self.compute_frac, self.burst_on, self.burst_level)
         u = self.unit
         noise = self.rng.standard_normal(self.topo.gpus)
         busy = kind[u] != IDLE

@@ -51,6 +51,7 @@ __all__ = [
     "WorkloadParams",
     "Workloads",
     "gpu_load",
+    "rhythm",
 ]
 
 IDLE: Final = 0
@@ -261,12 +262,9 @@ class Workloads:
         else:
             training = kind == TRAIN
         serving = kind == INFER
-        computing = training & (
-            np.mod((t_s + self.phase0_s) / self.period_s, 1.0) < self.compute_frac)
         # Node-level levels, then one gather to GPUs and per-GPU noise.
-        node_util = np.where(
-            training, np.where(computing, 98.5, 52.0),
-            np.where(serving, np.where(self.burst_on, self.burst_level, 7.0), 0.0))
+        computing, node_util = rhythm(t_s, training, serving, self.phase0_s, self.period_s,
+                                      self.compute_frac, self.burst_on, self.burst_level)
         noise = rng.standard_normal(topo.gpus)
         busy = (kind != IDLE)[nog]
         if ext:
@@ -299,6 +297,18 @@ class Workloads:
         return gpu_load(busy, util, train_g, serve_g, comp_g, burst_g, noise, self.gpu_bias,
                         self.fb_used, training, computing, pipe_g if ext else None,
                         rand_g if ext else None)
+
+
+def rhythm(t_s: float, training: npt.NDArray[np.bool_], serving: npt.NDArray[np.bool_],
+           phase0_s: F64, period_s: F64, compute_frac: F64, burst_on: npt.NDArray[np.bool_],
+           burst_level: F64) -> tuple[npt.NDArray[np.bool_], F64]:
+    """Per unit that runs one workload (a node here, a job in :mod:`agent.fleet.job_load`):
+    whether it is in the compute part of its training step at ``t_s``, and its utilisation
+    level in percent (compute or all-reduce, an inference burst or the gap between, idle)."""
+    computing = training & (np.mod((t_s + phase0_s) / period_s, 1.0) < compute_frac)
+    level = np.where(training, np.where(computing, 98.5, 52.0),
+                     np.where(serving, np.where(burst_on, burst_level, 7.0), 0.0))
+    return computing, level
 
 
 def gpu_load(busy: npt.NDArray[np.bool_], util: F64, train_g: npt.NDArray[np.bool_],
