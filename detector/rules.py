@@ -27,7 +27,10 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              such lag swung by ``stuck_predicted_c`` (and 4 times the model's
                              error before the freeze) or more, and still for ``stuck_after_s``
                              after they had (a die of minutes lags a job's start), and most of
-                             the node's other GPUs changed their readings; or for
+                             the node's other GPUs changed their readings (the swings
+                             accuse only while the prediction is no nearer the held
+                             reading than when it froze: a model coming back onto it is
+                             learning a power it never saw); or for
                              ``stuck_after_s`` in all
                              while every such lag stood that far off the held reading on one
                              side (having agreed with it when it froze) and the node's peers
@@ -381,10 +384,16 @@ class RuleBook:
         # job that starts moves a fast lag's prediction by degrees within seconds, long
         # before a die of minutes has moved one.
         past = held & (swing >= bar)
+        # A swing accuses the sensor only while the model's prediction is no nearer the held
+        # reading than it was when the reading froze (less half the bar): a model that was
+        # off then and has been coming back onto the reading ever since is learning (a die
+        # that idled into a power band the model had never seen), and the reading is right.
+        receding = np.isfinite(pred) & np.isfinite(p0) & (
+            np.abs(pred - temp) >= np.abs(p0 - temp) - 0.5 * bar)
         swung_ms = np.where(past, np.where(self.stuck_swung_ms[ids] > 0,
                                            self.stuck_swung_ms[ids], ts_ms), 0)
         self.stuck_swung_ms[ids] = swung_ms
-        swung = (frozen_long & alone & past
+        swung = (frozen_long & alone & past & receding
                  & (ts_ms - swung_ms >= p.stuck_after_s * 1000))
         # Or every plausible lag now puts the die ``bar`` degrees or more off the held
         # reading on one side (``off``: how far the nearest is), where the chosen lag agreed
@@ -414,7 +423,7 @@ class RuleBook:
         # has changed value often at this power, never held a value a tenth as long. (An
         # integer sensor at a steady temperature holds one value for hours.)
         known = (ctx.dwell_s >= p.stuck_history_s) & (self.runs_n[ids, band] >= 30)
-        unlike_itself = (frozen_long & alone & known
+        unlike_itself = (frozen_long & alone & known & receding
                          & (swing >= np.maximum(2.0, 1.0 + 4.0 * self.stuck_err[ids]))
                          & (frozen_s >= 2.0 * p.stuck_after_s)
                          & (frozen_s >= 10.0 * self.run_max_s[ids, band]))

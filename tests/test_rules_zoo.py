@@ -43,3 +43,31 @@ def test_healthy_zoo_fleet_raises_no_rule_alert(name: str) -> None:
     # Every rule's condition was evaluated over these readings (none is vacuous here).
     assert len(shard.rules.rules) == len(RULES)
     assert np.isfinite(shard.features.last_resid).any()
+
+
+def test_a_die_idling_into_an_unlearned_power_is_not_a_frozen_sensor() -> None:
+    """Tuning draw zoo-4 (liquid, 96 s lag, whole degrees) with hot-idle faults: node 0 is
+    pinned idle for the fault on its GPU 3. GPU 7 beside it cools to 34 degC and reads 34
+    for an hour, which is right; its thermal model had never learned that idle power and
+    its prediction came down from 48.6 degC onto the reading over that hour. That swing is
+    the model learning, not a die that should have moved: no ``temperature_stuck`` (the
+    rule paged GPU 7 seven times before it judged the swing's direction), while GPU 3's
+    heat is still found."""
+    from agent.fleet.export import generate
+    from agent.fleet.faults import plan_zoo_faults
+    from agent.fleet.topology import Topology
+    from agent.fleet.zoo import draw_profile
+
+    prof = draw_profile(4)
+    topo = Topology(64, 8, 4, 8, "sim")
+    plan = plan_zoo_faults(topo, 4, 7200, prof.hz, 504, prof, kinds=["hot_idle"])
+    data = generate(64, prof.hz, 7200, seed=4, profile=prof, fault_plan=plan)
+    fleet = fleet_from_data(data, "zoo-4")
+    node0 = slice(0, 8)
+    shard = DetectorShard(DetectorConfig(rack=RackModelConfig(enabled=False)))
+    ids, nodes = shard.register(fleet.paths[node0], fleet.rack_paths[node0],
+                                fleet.node_paths[node0])
+    alerts = shard.process(ids, nodes, fleet.step_ms, fleet.gathered[:, node0])
+    fired = {(a.entity.rsplit("/", 1)[-1], a.source) for a in alerts}
+    assert ("gpu-3", "rule:thermal_excess") in fired, fired
+    assert not any(src == "rule:temperature_stuck" for _, src in fired), fired
