@@ -532,7 +532,11 @@ class RuleBook:
         learned = self.rest_learned_s[ids] >= p.rest_learn_s
         above = np.where(learned, dev - offset, dev)
         bar = np.where(learned, p.rest_excess_c, p.rest_unlearned_c)
-        hot = judged & (above >= bar)
+        # Once it has held ``excess_after_s``, half the bar keeps it (a whole-degree sensor
+        # and its peers' median each flicker by a degree; one low step must not reset it).
+        was = self.rest_hot_since_ms[ids]
+        held_long = (was > 0) & (ts_ms - was >= p.excess_after_s * 1000)
+        hot = judged & (above >= np.where(held_long, 0.5 * bar, bar))
         # Learn the place from readings that look like one: near what was learned, or
         # (before anything is) within the learned bar of the median, so a hot die is not
         # taken for a warm seat.
@@ -544,8 +548,7 @@ class RuleBook:
         self.rest_offset[ids] = np.where(
             learn, np.where(first, dev, offset + (dev - offset) * w), offset)
         self.rest_learned_s[ids] = np.where(learn, seen + dt_s, seen)
-        hot_since = self.rest_hot_since_ms[ids]
-        hot_since = np.where(hot, np.where(hot_since > 0, hot_since, ts_ms), 0)
+        hot_since = np.where(hot, np.where(was > 0, was, ts_ms), 0)
         self.rest_hot_since_ms[ids] = hot_since
         return (hot & (ts_ms - hot_since >= p.excess_after_s * 1000),
                 np.where(judged, dev, 0.0))
