@@ -203,6 +203,15 @@ def group_median(
                          np.ascontiguousarray(groups, dtype=np.int64))
 
 
+def held_since(since_ms: npt.NDArray[np.int64], cond: npt.NDArray[np.bool_],
+               now_ms: int | npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Since when each condition has held without a break: ``now_ms`` (one time, or one per
+    row) where it starts, its
+    old start where it goes on, 0 where it does not hold (0 is never a real start). The
+    rules' "held for N seconds" clocks are this one step."""
+    return np.where(cond, np.where(since_ms > 0, since_ms, now_ms), 0)
+
+
 def node_median(values: npt.NDArray[np.float64], inv: npt.NDArray[np.intp]
                  ) -> npt.NDArray[np.float64]:
     """``group_median`` for groups in any order (the rules see ticks in time order)."""

@@ -52,7 +52,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from detector.features import group_median
+from detector.features import group_median, held_since
 from schemas.attribution import Attachment
 
 __all__ = ["MIN_GROUP", "NO_END", "SOURCE", "JobPeerParams", "JobPeers", "peer_ratio"]
@@ -214,8 +214,7 @@ class JobPeers:
         resolved)."""
         p = self.params
         low = (ratio <= p.below_ratio) & (util >= p.floor) & ~settling
-        since = self.since_ms[ids]
-        since = np.where(low, np.where(since > 0, since, ts), 0)
+        since = held_since(self.since_ms[ids], low, ts)
         self.since_ms[ids] = since
         cond = low & (ts - since >= p.after_s * 1000)
         self.last_ms[ids] = np.where(cond, ts, self.last_ms[ids])

@@ -27,6 +27,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from detector.features import held_since
+
 __all__ = ["RackHeat"]
 
 FALLING_WINDOWS = 2
@@ -65,8 +67,7 @@ class RackHeat:
         # A recovered rack's floor follows its decay down and is gone once it is cool.
         floor = np.where(cool, 0.0, np.minimum(self.floor_c[racks], np.maximum(x, 0.0)))
         hot = (x >= self.excess_c) & (x >= floor + self.excess_c)
-        since = self.hot_since_ms[racks]
-        since = np.where(hot, np.where(since > 0, since, end_ms), 0)
+        since = held_since(self.hot_since_ms[racks], hot, end_ms)
         was = self.open[racks]
         falling = np.where(x < self.last_c[racks], self.falling[racks] + 1, 0)
         peak = np.where(was, np.maximum(self.peak_c[racks], x), x)

@@ -93,7 +93,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from detector.features import COL, THROTTLE_SW_THERMAL, RuleContext, node_median
+from detector.features import COL, THROTTLE_SW_THERMAL, RuleContext, held_since, node_median
 from detector.thermal_model import DWELL_BINS, TAUS_S
 from schemas.records import Severity
 
@@ -390,8 +390,7 @@ class RuleBook:
         # that idled into a power band the model had never seen), and the reading is right.
         receding = np.isfinite(pred) & np.isfinite(p0) & (
             np.abs(pred - temp) >= np.abs(p0 - temp) - 0.5 * bar)
-        swung_ms = np.where(past, np.where(self.stuck_swung_ms[ids] > 0,
-                                           self.stuck_swung_ms[ids], ts_ms), 0)
+        swung_ms = held_since(self.stuck_swung_ms[ids], past, ts_ms)
         self.stuck_swung_ms[ids] = swung_ms
         swung = (frozen_long & alone & past & receding
                  & (ts_ms - swung_ms >= p.stuck_after_s * 1000))
@@ -445,8 +444,7 @@ class RuleBook:
         excess = np.where(finite, np.fmin.reduce(lag_excess, axis=1), np.nan)
         bar = np.maximum(p.excess_c, 4.0 * self.excess_err[ids])
         hot = finite & (excess >= bar)
-        since = self.excess_since_ms[ids]
-        since = np.where(hot, np.where(since > 0, since, ts_ms), 0)
+        since = held_since(self.excess_since_ms[ids], hot, ts_ms)
         self.excess_since_ms[ids] = since
         cond[:, 6] = hot & (ts_ms - since >= p.excess_after_s * 1000)
         val[:, 6] = np.where(finite, excess, 0.0)
@@ -518,8 +516,7 @@ class RuleBook:
         work is not judged: a busy neighbour heats the air its idle peers breathe."""
         p = self.params
         resting = np.isfinite(temp) & np.isfinite(util) & (util <= REST_UTIL)
-        since = self.rest_since_ms[ids]
-        since = np.where(resting, np.where(since > 0, since, ts_ms), 0)
+        since = held_since(self.rest_since_ms[ids], resting, ts_ms)
         self.rest_since_ms[ids] = since
         settled = resting & (ts_ms - since >= p.rest_settle_s * 1000)
         reporting = np.isfinite(temp) | np.isfinite(util)
@@ -548,7 +545,7 @@ class RuleBook:
         self.rest_offset[ids] = np.where(
             learn, np.where(first, dev, offset + (dev - offset) * w), offset)
         self.rest_learned_s[ids] = np.where(learn, seen + dt_s, seen)
-        hot_since = np.where(hot, np.where(was > 0, was, ts_ms), 0)
+        hot_since = held_since(was, hot, ts_ms)
         self.rest_hot_since_ms[ids] = hot_since
         return (hot & (ts_ms - hot_since >= p.excess_after_s * 1000),
                 np.where(judged, dev, 0.0))
