@@ -16,7 +16,10 @@ step in one call, as one shard. Measured:
 
 - recall per fault kind and overall: a fault (the labels sharing kind, start and end) is
   found when an alert on one of its GPUs, or on their rack, starts between its start and
-  its end + 60 s; delay = alert start - fault start;
+  its end + 60 s; delay = alert start - fault start. A stuck sensor whose labels say when
+  its die first stood 2 degC off the frozen reading (``visible_s``, written by the fleet
+  model) is late only from then, and one whose die never did is counted apart as latent
+  (``latent_by_kind``): it changed nothing in the data;
 - false incidents per 1000 GPU-hours: alert episodes (on a GPU or a rack) that overlap no
   labelled fault of that GPU or its rack, each fault widened by 60 s of grace on both
   sides; GPU-hours are counted after the detector's cold start (models may not alert
@@ -219,29 +222,40 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
         win = (step_s >= lab["start_s"] - GRACE_S) & (step_s < lab["end_s"] + GRACE_S)
         excused[np.ix_(rack == r, win)] = True
     # Faults = labels grouped by (kind, start, end).
-    faults: dict[tuple[str, float, float], list[int]] = {}
+    faults: dict[tuple[str, float, float], list[dict[str, Any]]] = {}
     for lab in fleet.labels:
-        faults.setdefault((lab["kind"], lab["start_s"], lab["end_s"]), []).append(lab["gpu"])
+        faults.setdefault((lab["kind"], lab["start_s"], lab["end_s"]), []).append(lab)
     per_kind: dict[str, list[int]] = {}
     delays: list[float] = []
     missed: list[dict[str, Any]] = []
     delays_by_kind: dict[str, list[float]] = {}
-    for (kind, start, end), gpus_ in faults.items():
-        gpus = np.array(gpus_)
+    latent: dict[str, int] = {}
+    for (kind, start, end), labs in faults.items():
+        gpus = np.array([lab["gpu"] for lab in labs])
         if not sel[gpus].any():
             continue
-        found = [e.start_s - start for e in episodes
+        # A stuck sensor whose die never moved from the frozen reading left no trace in the
+        # data (``agent.fleet.faults.STUCK_VISIBLE_C``): it is no fault to find (its window
+        # still excuses alerts), and one that showed is late only from when it showed.
+        onset = start
+        if any("visible_s" in lab for lab in labs):
+            shown = [lab["visible_s"] for lab in labs if lab.get("visible_s") is not None]
+            if not shown:
+                latent[kind] = latent.get(kind, 0) + 1
+                continue
+            onset = max(start, min(shown))
+        found = [e.start_s - onset for e in episodes
                  if start <= e.start_s <= end + GRACE_S and np.isin(e.gpus, gpus).any()]
         per_kind.setdefault(kind, []).append(1 if found else 0)
         if found:
             delays.append(max(0.0, min(found)))
             delays_by_kind.setdefault(kind, []).append(round(delays[-1], 1))
         else:
-            lab = next(x for x in fleet.labels if x["kind"] == kind and x["start_s"] == start
-                       and x["end_s"] == end)
+            lab = labs[0]
             missed.append({"kind": kind, "gpu": int(gpus[0]), "gpus": len(gpus),
                            "start_s": start, "end_s": end,
-                           "magnitude": lab.get("magnitude"), "ramp_s": lab.get("ramp_s")})
+                           "magnitude": lab.get("magnitude"), "ramp_s": lab.get("ramp_s")}
+                          | ({"visible_s": onset} if onset != start else {}))
     after = step_s >= cold_start_s
     normal = ~excused & after[None, :] & sel[:, None]
     is_open = np.zeros((g, t), dtype=bool)
@@ -271,6 +285,7 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
         "recall": round(sum(sum(v) for v in per_kind.values()) / max(n_faults, 1), 4),
         "recall_per_kind": {k: round(sum(v) / len(v), 3) for k, v in sorted(per_kind.items())},
         "recall_per_kind_counts": {k: [sum(v), len(v)] for k, v in sorted(per_kind.items())},
+        "latent_by_kind": dict(sorted(latent.items())),
         "false_incidents": false_incidents,
         "false_episodes_by_source": dict(sorted(false_by_source.items())),
         "gpu_days": round(gpu_days, 3),

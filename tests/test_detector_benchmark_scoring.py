@@ -55,6 +55,22 @@ def test_scoring_counts_what_it_should() -> None:
     assert r["point_fpr"] == float(f"{10 / normal:.3g}")
 
 
+def test_a_stuck_sensor_counts_from_when_it_showed_and_not_at_all_if_it_never_did() -> None:
+    fleet = _fleet()
+    fleet.labels[3]["visible_s"] = 730.0  # the die stood 2 degC off the frozen reading at 730 s
+    found = [Episode(np.array([6]), 740.0, 800.0, "rule")]
+    r = evaluate(fleet, found, cold_start_s=100.0)
+    assert r["recall_per_kind"]["stuck_sensor"] == 1.0 and r["latent_by_kind"] == {}
+    assert r["delays_by_kind"]["stuck_sensor"] == [10.0]  # from 730 s, not from 700 s
+    fleet.labels[3]["visible_s"] = None  # the die never moved: nothing in the data to find
+    r = evaluate(fleet, [], cold_start_s=100.0)
+    assert r["faults"] == 2 and "stuck_sensor" not in r["recall_per_kind"]
+    assert r["latent_by_kind"] == {"stuck_sensor": 1}
+    # Its window still excuses an alert on its rack.
+    r = evaluate(fleet, [Episode(np.array([6]), 720.0, 760.0, "rule")], cold_start_s=100.0)
+    assert r["false_incidents"] == 0
+
+
 def test_overlapping_false_episodes_on_one_rack_are_one_incident() -> None:
     fleet = _fleet()
     episodes = [

@@ -270,6 +270,29 @@ def test_stuck_sensor_and_fallen_off_bus(gpu_fleet):
     assert v[int(_A), _col("xid")] == 79.0 and np.isnan(v[int(_A) + 1 :]).all()
 
 
+def test_a_stuck_sensor_is_labelled_visible_once_its_die_moves_off_the_frozen_reading():
+    # GPU 2 freezes while its node trains on steadily (its die stays within a degree or so
+    # of the frozen reading: nothing shows); GPU 13 freezes as its node is pinned idle (a
+    # hot_idle fault on GPU 8 holds the node idle) and its die cools 10 degC: it shows.
+    prof = replace(named_or_drawn(0), hz=1.0, missing=())
+    faults = [Fault(FaultKind.STUCK_SENSOR, (2,), 200.0, 800.0),
+              Fault(FaultKind.HOT_IDLE, (8,), 200.0, 800.0, 0.01, 0.0),
+              Fault(FaultKind.STUCK_SENSOR, (13,), 200.0, 800.0)]
+    d = generate(16, 1.0, 900.0, seed=3, profile=prof, fault_plan=faults)
+    labels = {lab["gpu"]: lab for lab in d.labels}
+    temp = d.column("fleetpulse_gpu_temperature_celsius")
+    assert "visible_s" not in labels[8]  # only stuck sensors say when they showed
+    # The peers' readings (same load, same airflow) say how far each die moved.
+    moved = {}
+    for g in (2, 13):
+        assert np.all(temp[g, 200:800] == temp[g, 200])
+        peers = [p for p in range(g // 8 * 8, g // 8 * 8 + 8) if p not in (g, 8)]
+        moved[g] = np.abs(np.median(temp[peers, 200:800], axis=0) - temp[g, 200])
+    assert labels[2]["visible_s"] is None and moved[2].max() < 2.0, moved[2].max()
+    vis = labels[13]["visible_s"]
+    assert vis is not None and 200.0 <= vis < 230.0 and moved[13].max() >= 8.0
+
+
 def test_labels_carry_size_and_ramp_and_old_files_still_read(tmp_path):
     faults = [Fault(FaultKind.ECC_STORM, (3,), 100.0, 520.0, 0.075, 0.0),
               Fault(FaultKind.COOLING_RACK, tuple(range(32, 64)), 100.0, 500.0)]

@@ -119,7 +119,7 @@ def generate(
         node_ts, _ = model.step(out=values[:, k, :])
         ts[:, k] = node_ts[nog]
     nodes = tuple(topo.identities[n].path for n in nog.tolist())
-    return FleetData(ts, values, METRICS, labels_of(plan), model.uuids, nodes,
+    return FleetData(ts, values, METRICS, labels_of(plan, model.stuck_visible_s), model.uuids, nodes,
                      tuple(attachments))
 
 

@@ -53,7 +53,7 @@ runaway over 60 % of the window, hot_idle over min(300 s, 60 %), the others abru
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -69,6 +69,7 @@ __all__ = [
     "CLASSIC_KINDS",
     "EVIDENCE",
     "REALISTIC_FAULTS_PER_1000_GPU_DAYS",
+    "STUCK_VISIBLE_C",
     "ZOO_MAGNITUDES",
     "ZOO_SLOW_RAMP_S",
     "Fault",
@@ -167,16 +168,29 @@ class Fault:
             return 1.0
         return min(1.0, (t_s - self.start_s) / self.ramp_s)
 
-    def labels(self) -> list[dict[str, Any]]:
+    def labels(self, visible_s: Mapping[tuple[float, int], float] | None = None
+               ) -> list[dict[str, Any]]:
+        """One label per GPU; with ``visible_s`` (a model's record, see
+        :data:`STUCK_VISIBLE_C`) a stuck sensor's labels also say when it showed."""
         ramp = self.ramp_seconds
-        return [{"gpu": g, "kind": self.kind.value, "start_s": self.start_s,
-                 "end_s": self.end_s, "magnitude": self.magnitude, "ramp_s": ramp}
-                for g in self.gpus]
+        shows = visible_s is not None and self.kind is FaultKind.STUCK_SENSOR
+        out: list[dict[str, Any]] = []
+        for g in self.gpus:
+            lab: dict[str, Any] = {"gpu": g, "kind": self.kind.value, "start_s": self.start_s,
+                                   "end_s": self.end_s, "magnitude": self.magnitude,
+                                   "ramp_s": ramp}
+            if shows and visible_s is not None:
+                lab["visible_s"] = visible_s.get((self.start_s, g))
+            out.append(lab)
+        return out
 
 
-def labels_of(faults: Sequence[Fault]) -> list[dict[str, Any]]:
-    """The ground truth: one object per affected GPU, ordered by start then GPU."""
-    out = [lab for f in faults for lab in f.labels()]
+def labels_of(faults: Sequence[Fault],
+              visible_s: Mapping[tuple[float, int], float] | None = None
+              ) -> list[dict[str, Any]]:
+    """The ground truth: one object per affected GPU, ordered by start then GPU (with
+    ``visible_s``, stuck sensors' labels say when the freeze first showed)."""
+    out = [lab for f in faults for lab in f.labels(visible_s)]
     out.sort(key=lambda lab: (lab["start_s"], lab["gpu"]))
     return out
 
@@ -202,6 +216,10 @@ def read_labels(path: str | Path) -> list[dict[str, Any]]:
         if (not isinstance(magnitude, int | float) or isinstance(magnitude, bool)
                 or not (ramp is None or isinstance(ramp, int | float))):
             raise ValueError(f"{path}: label {i} has a bad magnitude or ramp_s: {lab!r}")
+        visible = lab.get("visible_s")
+        if visible is not None and (not isinstance(visible, int | float)
+                                    or isinstance(visible, bool)):
+            raise ValueError(f"{path}: label {i} has a bad visible_s: {lab!r}")
     return data
 
 
@@ -306,6 +324,15 @@ ZOO_MAGNITUDES: Final[dict[FaultKind, tuple[float, ...]]] = {
 }
 """Sizes :func:`plan_zoo_faults` draws from, per kind: barely visible, medium, classic.
 The smallest are what the issue's detector missed (an ECC storm of ~3/s) or near it."""
+
+STUCK_VISIBLE_C: Final = 2.0
+"""Degrees the die must stand from a frozen reading before the freeze shows. A frozen
+sensor on a die that does not move reads what a working one would (an idle GPU, or a cold
+plate that averages a job's rhythm away): nothing in the data can tell, and nothing is
+hidden from the operator yet. Two degrees is twice the coarsest sensor's step, so a working
+sensor of any resolution would have shown the move. The model records when each stuck
+GPU's die first stood that far off (``visible_s`` in its labels, None if never), and the
+detection benchmarks count a stuck sensor among the faults to find only from then."""
 
 ZOO_SLOW_RAMP_S: Final = (300.0, 1800.0)
 """Range of a slow fault's ramp (5-30 minutes), drawn uniformly."""

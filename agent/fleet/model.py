@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.fleet import thermal
-from agent.fleet.faults import NEEDS_IDLE, NEEDS_LOAD, Fault, FaultKind
+from agent.fleet.faults import NEEDS_IDLE, NEEDS_LOAD, STUCK_VISIBLE_C, Fault, FaultKind
 from agent.fleet.job_load import JobLoad
 from agent.fleet.jobs import JobScheduler
 from agent.fleet.thermal import Governor, Inlet
@@ -149,6 +149,9 @@ class FleetModel:
         self.remap_unc = np.zeros(g, dtype=np.int64)
         self.remap_fail = np.zeros(g, dtype=np.int64)
         self._stuck: dict[int, float] = {}
+        self.stuck_visible_s: dict[tuple[float, int], float] = {}
+        """(fault start, GPU) -> seconds since the first tick when the die first stood
+        ``STUCK_VISIBLE_C`` from its frozen reading (see :data:`STUCK_VISIBLE_C`)."""
         self._fault_nodes = {
             f: np.unique(np.asarray(f.gpus) // topology.gpn) for f in self.faults
         }
@@ -254,6 +257,8 @@ class FleetModel:
             if fl.kind is FaultKind.STUCK_SENSOR:
                 for gi in fl.gpus:
                     temp[gi] = self._stuck.setdefault(gi, float(self.reported_temp[gi]))
+                    if abs(self.temp[gi] - temp[gi]) >= STUCK_VISIBLE_C:
+                        self.stuck_visible_s.setdefault((fl.start_s, gi), round(t, 3))
         self.reported_temp = temp
 
         xid = self._counters(active, dt, rng)
