@@ -65,7 +65,8 @@ clock_deficit      warning   a busy GPU (``utilization >= 80 %``) runs its SM cl
                              peers' median, or its own highest), or a working one (30 %) three
                              times that far, with no clock-event reason bit set, for
                              ``deficit_after_s`` (less, down to a quarter, the deeper the
-                             deficit; a power-cap bit counts only when the
+                             deficit; steps too idle to show the clock neither add nor
+                             start over, the evidence fades; a power-cap bit counts only when the
                              power is within 10 % of the limit, or the limit is unknown). The
                              driver reports every reason it lowers clocks for (power cap,
                              thermal, brake, sync); a clock held low with none is a GPU that
@@ -475,12 +476,18 @@ class RuleBook:
             | ((util >= 0.3) & (deficit >= 3.0 * p.deficit_ratio)))
         # Evidence, in seconds, grows faster the deeper the deficit (a clock at half its
         # peers' is no borderline case): twice the ratio takes ``deficit_after_s``, more
-        # takes proportionally less, never under a quarter of it; a step without the
-        # deficit starts over.
+        # takes proportionally less, never under a quarter of it. A step that shows the
+        # clock where it should be (working, within the ratio) or a reason for it starts
+        # over; a step that shows neither (between a pipeline's bursts, at 10 % between two
+        # of 95 %) is no evidence either way, and what was gathered fades over
+        # ``deficit_after_s`` instead of starting over, so a braked clock under a bursty job
+        # still adds up.
         # The first step of a deficit counts no time yet (a tiny mark says it began).
         rate = np.clip(deficit / (2.0 * p.deficit_ratio), 1.0, 4.0)
+        clear = known & ((reasons != 0) | ((util >= 0.3) & (deficit < p.deficit_ratio)))
         before = self.deficit_evidence_s[ids]
-        evidence = np.where(low, np.where(before > 0, before + rate * dt_s, 1e-9), 0.0)
+        faded = np.where(clear, 0.0, before * np.exp(-dt_s / p.deficit_after_s))
+        evidence = np.where(low, np.where(before > 0, before + rate * dt_s, 1e-9), faded)
         self.deficit_evidence_s[ids] = evidence
         cond[:, 7] = low & (evidence >= p.deficit_after_s)
         val[:, 7] = np.where(low, deficit, 0.0)

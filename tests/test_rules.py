@@ -206,6 +206,29 @@ def test_clock_deficit_judges_a_working_gpu_only_on_a_deep_deficit_and_sooner_th
     assert 310 <= deficit[0][3] < 340, deficit
 
 
+def test_clock_deficit_adds_up_across_a_pipeline_jobs_bubbles_but_not_across_clock_ramps() -> None:
+    shard, ids, nodes = _shard()
+    data = healthy(600, 8, seed=6)
+    clock, bits, util = COL["sm_clock_hertz"], COL["clock_event_reasons"], COL["utilization_ratio"]
+    data[240:, :, clock] = 1.98e9
+    data[240:, :, bits] = 0.0
+    data[240:, :, util] = 0.95
+    # Node 0 runs a pipeline: 15 s busy, 15 s in the bubble at 10 %, every GPU alike.
+    bubble = (np.arange(600) // 15) % 2 == 1
+    data[240:, :4, util] = np.where(bubble[240:, None], 0.1, 0.95)
+    # GPU 1 is braked to 74 % of the clock, no reason reported (a power brake behind a
+    # dcgm-exporter subset): never 60 s busy in a row, yet found.
+    data[300:, 1, clock] = 1.98e9 * 0.74
+    # GPU 2 only lags on the first second of each burst (its clock ramping up from the
+    # bubble), then runs at speed: the busy seconds at speed start the evidence over.
+    ramp = np.flatnonzero(~bubble[1:] & bubble[:-1]) + 1
+    ramp = ramp[ramp >= 300]
+    data[ramp, 2, clock] = 1.98e9 * 0.74
+    got = _rule_alerts(shard.process(ids, nodes, timestamps(600), data))
+    deficit = [g for g in got if g[1] == "rule:clock_deficit"]
+    assert [g[2] for g in deficit if g[0] == "firing"] == ["node-0/gpu-1"], deficit
+
+
 def test_a_sensor_that_always_flickers_is_stuck_when_it_holds_while_its_model_wanders() -> None:
     from detector.config import RulesConfig
 
