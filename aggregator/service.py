@@ -191,7 +191,8 @@ class AggregatorService:
         data = Path(cfg.data_dir)
         data.mkdir(parents=True, exist_ok=True)
         self.store = SeriesStore(StoreConfig(path=str(data / "store"), fsync=cfg.fsync,
-                                             compact_recode=cfg.compact_recode))
+                                             compact_recode=cfg.compact_recode,
+                                             compact_budget_s=cfg.compact_budget_s))
         self.index = EntityIndex(data / "entities.jsonl")
         self.store.before_write = self.index.drain
         self.transport = transport or open_transport(cfg.transport)

@@ -248,7 +248,7 @@ def test_store_compaction_refused_by_a_nearly_full_disk_keeps_the_flush_durable(
     and the compaction is done once there is space."""
     disk = small_disk(4 << 20)
     cfg = StoreConfig(path=str(disk.path / "store"), fsync=True, grace_ms=0,
-                      maintain_retry_s=0.0)
+                      maintain_retry_s=0.0, compact_budget_s=float("inf"))  # one flush
     store = SeriesStore(cfg)
     ids = np.arange(1, 257, dtype=np.int64)
     t0 = 1_767_225_600_000

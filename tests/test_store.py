@@ -23,6 +23,10 @@ TIERS = (
 
 
 def _store(path: Path, chunk: int = 120, **kw: object) -> SeriesStore:
+    """A store whose flush() finishes the compaction it begins (no time budget: these
+    tests look at the files right after it; tests/test_store_background_recode.py runs
+    the budgeted rewrite)."""
+    kw.setdefault("compact_budget_s", float("inf"))
     return SeriesStore(StoreConfig(path=str(path), tiers=TIERS, chunk_samples=chunk, **kw))
 
 
@@ -250,7 +254,7 @@ def test_compaction_without_recode_copies_records_as_sealed(tmp_path: Path) -> N
     ids = np.arange(10, 14, dtype=np.int64)
     ts, vals = _group(0, 2 * 3600, 4, 12)  # as in the test below, where the flag is on
     seg = tmp_path / "raw" / "seg+00000000000000000000.fps"
-    with _store(tmp_path, auto_maintain=False) as st:  # compact_recode off: the default
+    with _store(tmp_path, auto_maintain=False, compact_recode=False) as st:
         for a in range(0, ts.size, 500):  # partial records, so that the hour is rewritten
             st.append("raw", ids, ts[a:a + 500], vals[a:a + 500])
             st.flush()

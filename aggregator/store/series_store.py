@@ -11,12 +11,22 @@ appended, not to the open chunk, and data is never held only in memory past a fl
 Partial records are superseded once their chunk is sealed: reads skip them, and
 compaction (:meth:`SeriesStore.maintain`, run by ``flush`` when a tier's newest sample enters
 a new segment) rewrites each finished segment once without them (write, fsync, rename) and
-saves its index beside it. With ``StoreConfig.compact_recode`` (off by default) it also
+saves its index beside it. With ``StoreConfig.compact_recode`` (on by default) it also
 recodes every chunk it keeps with the codec's rANS stage (``entropy_coded``) and joins
 sealed chunks of a group: smaller, at about half the encode speed and a slower decode of
 what it wrote, so it is paid once per finished segment, off the ingest path that seals
 chunks with the fast prefix codes. Reads decode either form. Retention deletes whole
 segments by event time.
+
+A rewrite inside ``flush`` is incremental: it goes into ``<segment>.tmp`` record by record,
+each flush spending at most ``StoreConfig.compact_budget_s`` on it (and at least one record),
+so a large segment is rewritten over many flushes instead of stalling one. Until the last
+record is written the segment's own file and index serve every read (they stay valid: the
+file is append-only); then the copy is fsynced, renamed over it and its index saved, in one
+flush. A write into that segment meanwhile (late data), retention deleting it, a refusal by
+the disk or :meth:`SeriesStore.close` abandon the copy (deleted) and the rewrite starts over
+later; a ``.tmp`` left by a crash is deleted on open. :meth:`SeriesStore.compact` and
+:meth:`SeriesStore.maintain` finish every rewrite before they return.
 
 Read path: per tier, series map to groups (:class:`~aggregator.store.index.GroupRegistry`);
 per segment, a columnar record index (loaded from the saved ``.idx`` of a finished segment,
@@ -140,14 +150,21 @@ class StoreConfig:
     maintain_retry_s: float = 60.0
     """After the disk refused a compaction (a segment rewrite needs the segment's size
     free), how long flush() waits before it tries again; the data itself is durable."""
-    compact_recode: bool = False
+    compact_recode: bool = True
     """Compaction also re-encodes each finished segment: every chunk entropy-coded (codec
     tags 7/8) and up to ``COMPACT_CHUNKS`` sealed chunks of a group joined into one record
     where that is smaller. 22-35 % below VictoriaMetrics on the compression benchmark, and
-    the compacted form decodes at 0.8-1.3x the speed of the sealed one, but the re-encode
-    runs inside flush() (25-60 M samples/s on one core: a finished segment of a large fleet
-    stalls the caller for seconds to minutes), so it is off by default; off, compaction only
-    drops superseded partial records. Reads decode tags 7/8 whatever this says."""
+    the compacted form decodes at 0.8-1.3x the speed of the sealed one. The re-encode (25-60
+    M samples/s on one core) runs in steps of ``compact_budget_s`` per flush(), not in one
+    call. Off, compaction only drops superseded partial records. Reads decode tags 7/8
+    whatever this says."""
+    compact_budget_s: float = 0.25
+    """Most time one flush() spends rewriting finished segments (plus one record: each
+    flush makes progress); the rest waits for the next flush. At the aggregator's 10 s
+    flushes 0.25 s is 2.5 % of a core, so a 2 h raw segment of 10,000 GPUs x 33 metrics at
+    1 Hz (2.4 G samples, 40-100 s of recode) is rewritten in about 30-70 minutes, inside
+    the next segment's 2 h; a budget below what a tier needs lets rewrites fall behind.
+    ``compact()`` and ``maintain()`` ignore it and finish."""
 
     def validate(self) -> None:
         if not self.tiers:
@@ -161,6 +178,8 @@ class StoreConfig:
             raise StoreError("store.grace_ms must not be negative")
         if not 2 <= self.chunk_samples <= 65_536:
             raise StoreError(f"store.chunk_samples must be in [2, 65536], not {self.chunk_samples}")
+        if not self.compact_budget_s > 0:  # (NaN too)
+            raise StoreError(f"store.compact_budget_s must be positive, not {self.compact_budget_s}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +233,35 @@ class _Segment:
         if self.write_fd >= 0:
             os.close(self.write_fd)
             self.write_fd = -1
+
+
+@dataclass(slots=True)
+class _Rewrite:
+    """A compaction rewrite of one finished segment into ``tmp``, done a few records per
+    flush: ``records`` (the generator of :meth:`SeriesStore._recoded` or :func:`_copied`)
+    yields the next record to write; ``new`` indexes what ``tmp`` holds so far."""
+
+    tier: str
+    seg: _Segment
+    tmp: Path
+    records_at_start: int
+    """``seg.records.n`` when it began: a different count means the segment was written
+    to since (late data), so the plan no longer covers it and the copy is abandoned."""
+    src: BinaryIO | None = None
+    dst: BinaryIO | None = None
+    records: Iterator[_Rec] | None = None
+    new: RecordIndex = field(default_factory=RecordIndex)
+    offset: int = 0
+    steps: int = 0
+    """Records written to ``tmp`` so far."""
+
+    def close_files(self) -> None:
+        for f in (self.dst, self.src):  # dst first: its buffer may hold bytes for the disk
+            if f is not None:
+                with contextlib.suppress(OSError):
+                    f.close()
+        self.src = self.dst = None
+        self.records = None
 
 
 @dataclass(slots=True)
@@ -288,6 +336,12 @@ class SeriesStore:
         """monotonic() before which flush() does not retry a refused compaction."""
         self.maintain_errors = 0
         """Compactions the disk refused (retried after ``maintain_retry_s``)."""
+        self._rewrites: dict[tuple[str, int], _Rewrite] = {}
+        """Segment rewrites begun and not finished, by (tier, segment start), oldest first."""
+        self.rewrites_done = 0
+        """Segments rewritten by compaction since open."""
+        self.clock: Callable[[], float] = time.perf_counter
+        """The clock of ``compact_budget_s`` (seconds; a test may set its own)."""
         self.before_write: Callable[[], None] | None = None
         """Called before each record is written; may raise StoreWriteError to refuse it (the
         entity index, while a line of its own waits for the disk: see
@@ -459,7 +513,13 @@ class SeriesStore:
                             int(group.ts[0]), blob)
         seg = self._segment_for_write(tier, spec, group.seg_start)
         offset = seg.size
-        _write_whole(seg.write_fd, rec, offset, seg.path)
+        try:
+            _write_whole(seg.write_fd, rec, offset, seg.path)
+        except StoreWriteError as exc:
+            if not self._rewrites:
+                raise
+            self._drop_rewrites(exc)  # data before compaction: their copies take space
+            _write_whole(seg.write_fd, rec, offset, seg.path)
         seg.size += len(rec)
         seg.dirty = True
         seg.indexed = False
@@ -490,7 +550,8 @@ class SeriesStore:
 
         With ``auto_maintain`` it then compacts and applies retention to any tier whose
         newest sample has entered a new segment since the last time (a few times a day
-        per tier, each finished segment rewritten once).
+        per tier, each finished segment rewritten once), and spends up to
+        ``compact_budget_s`` on the segment rewrites that compaction began.
         """
         self._check_open()
         self._flush_data()
@@ -505,21 +566,30 @@ class SeriesStore:
                     if self._try_compact(tier, newest - self.config.grace_ms):
                         self._maintained[tier] = epoch
                     self._retain_tier(tier, newest)  # frees space: even if compaction failed
+            if self._rewrites and time.monotonic() >= self._maintain_after:
+                try:
+                    self._advance_rewrites(self.clock() + self.config.compact_budget_s)
+                except StoreWriteError as exc:  # that rewrite is dropped, begun again later
+                    self._compaction_refused("", exc)
 
     def _try_compact(self, tier: str, now_ms: int) -> bool:
-        """Compact ``tier``; False if the disk refused (the data is durable already: the
-        flush goes on, the compaction is retried after ``maintain_retry_s``)."""
+        """Compact ``tier`` (its rewrites are only begun); False if the disk refused (the
+        data is durable already: the flush goes on, the compaction is retried after
+        ``maintain_retry_s``)."""
         try:
             self._compact_tier(tier, now_ms)
         except StoreWriteError as exc:
-            self.maintain_errors += 1
-            self._maintain_after = time.monotonic() + self.config.maintain_retry_s
-            if self.maintain_errors == 1 or self.maintain_errors % 100 == 0:
-                log.error("compacting tier %s: %s; the data is durable, compaction is "
-                          "retried in %.0f s (%d refused so far)", tier, exc,
-                          self.config.maintain_retry_s, self.maintain_errors)
+            self._compaction_refused(tier, exc)
             return False
         return True
+
+    def _compaction_refused(self, tier: str, exc: StoreWriteError) -> None:
+        self.maintain_errors += 1
+        self._maintain_after = time.monotonic() + self.config.maintain_retry_s
+        if self.maintain_errors == 1 or self.maintain_errors % 100 == 0:
+            log.error("compacting %s: %s; the data is durable, compaction is retried in "
+                      "%.0f s (%d refused so far)", f"tier {tier}" if tier else "a segment",
+                      exc, self.config.maintain_retry_s, self.maintain_errors)
 
     def _flush_data(self) -> None:
         self._write_unsealed()
@@ -645,16 +715,17 @@ class SeriesStore:
         """Compact finished segments and apply retention in every tier.
 
         ``now_ms`` defaults to each tier's newest appended timestamp (event time, so a
-        replay of old data is not deleted on arrival). Returns (rewritten, deleted).
+        replay of old data is not deleted on arrival). Every segment rewrite, also one a
+        flush began, is finished on return. Returns (rewritten, deleted).
         """
         self._check_open()
-        rewritten = deleted = 0
+        deleted = 0
         for tier in self.tiers:
             now = self._newest.get(tier) if now_ms is None else now_ms
             if now is not None:
-                rewritten += self._compact_tier(tier, now - self.config.grace_ms)
+                self._compact_tier(tier, now - self.config.grace_ms)
                 deleted += self._retain_tier(tier, now)
-        return rewritten, deleted
+        return self._advance_rewrites(None), deleted
 
     def enforce_retention(self, now_ms: int) -> int:
         """Delete every segment whose whole span is past its tier's retention; returns count."""
@@ -669,6 +740,7 @@ class SeriesStore:
         segs = self._segments[tier]
         deleted = 0
         for start in [s for s, seg in segs.items() if seg.end_ms <= horizon]:
+            self._abandon_rewrite((tier, start))
             seg = segs.pop(start)
             seg.close_writer()
             seg.path.unlink(missing_ok=True)
@@ -688,58 +760,129 @@ class SeriesStore:
 
     def compact(self, now_ms: int) -> int:
         """Seal chunks of segments that ended by ``now_ms``, rewrite those segments without
-        superseded partial records (atomic rename) and save their index. Returns the
-        number of segments rewritten."""
+        superseded partial records (atomic rename) and save their index; every rewrite,
+        also one a flush began, is finished on return. Returns the number of segments
+        rewritten."""
         self._check_open()
-        return sum(self._compact_tier(tier, now_ms) for tier in self.tiers)
+        for tier in self.tiers:
+            self._compact_tier(tier, now_ms)
+        return self._advance_rewrites(None)
 
-    def _compact_tier(self, tier: str, now_ms: int) -> int:
+    def _compact_tier(self, tier: str, now_ms: int) -> None:
+        """Seal the open chunks of segments that ended by ``now_ms``; of those segments,
+        begin a rewrite of each that needs one (:meth:`_advance_rewrites` does it) and save
+        the index of the others."""
         spec = self.tiers[tier]
         for g in self._head[tier].values():
             if g.n and g.seg_start + spec.segment_ms <= now_ms:
                 self._seal(tier, spec, g)
         self._flush_data()
-        rewritten = 0
         for seg in list(self._segments[tier].values()):
             if seg.end_ms > now_ms or seg.indexed:
                 continue
+            key = (tier, seg.start_ms)
+            rw = self._rewrites.get(key)
+            if rw is not None and rw.records_at_start == seg.records.n:
+                continue  # under way and still valid
+            self._abandon_rewrite(key)
             if self.config.compact_recode or KIND_PARTIAL in seg.records.kind:
-                self._rewrite(tier, seg)
-                rewritten += 1
+                self._rewrites[key] = _Rewrite(tier, seg, seg.path.with_suffix(".tmp"),
+                                               seg.records.n)
             else:
                 self._save_index(tier, seg)
-            seg.indexed = True
-        return rewritten
+                seg.indexed = True
 
-    def _rewrite(self, tier: str, seg: _Segment) -> None:
-        """Write a finished segment anew without its superseded partial records (write,
-        fsync, rename), each kept record copied as it is or, with ``compact_recode``,
-        re-encoded (:meth:`_recoded`); then save its index."""
-        recs = seg.records
-        sealed = {(int(recs.gid[i]), recs.chunk_key[i])
-                  for i in range(recs.n) if recs.kind[i] == KIND_SEALED}
-        keep = [i for i in range(recs.n) if recs.kind[i] == KIND_SEALED
-                or (int(recs.gid[i]), recs.chunk_key[i]) not in sealed]
+    def _advance_rewrites(self, deadline: float | None) -> int:
+        """Go on with the begun rewrites, oldest first, until ``self.clock()`` passes
+        ``deadline`` (None: until all are done); returns how many were finished.
+
+        A rewrite whose segment was written to since it began is abandoned, and its tier
+        compacted again at the next flush. One that fails (a full disk: StoreWriteError) is
+        dropped with its copy, and the error raised; its tier is compacted again later."""
+        done = 0
+        while self._rewrites:
+            key, rw = next(iter(self._rewrites.items()))
+            if rw.records_at_start != rw.seg.records.n:
+                self._abandon_rewrite(key)
+                self._maintained.pop(rw.tier, None)
+                continue
+            try:
+                finished = self._rewrite_step(rw, deadline)
+            except BaseException:
+                del self._rewrites[key]  # its copy is gone already
+                self._maintained.pop(rw.tier, None)
+                raise
+            if not finished:
+                break
+            del self._rewrites[key]
+            done += 1
+            if deadline is not None and self.clock() >= deadline:
+                break
+        return done
+
+    def _rewrite_step(self, rw: _Rewrite, deadline: float | None) -> bool:
+        """Write more of a segment anew, without its superseded partial records, each kept
+        record copied as it is or, with ``compact_recode``, re-encoded (:meth:`_recoded`):
+        at least one record, and more until ``deadline``. Once every record is written:
+        fsync, rename over the segment, its index saved; returns True then."""
+        seg = rw.seg
+        with _refused_as_store_write_error(rw.tmp):
+            try:
+                if rw.records is None:
+                    rw.src = open(seg.path, "rb")  # noqa: SIM115 (open across flushes)
+                    rw.dst = open(rw.tmp, "wb")  # noqa: SIM115
+                    rw.dst.write(write_file_header(seg.start_ms, seg.span_ms))
+                    rw.offset = FILE_HEADER.size
+                    keep = _kept(seg.records)
+                    rw.records = self._recoded(rw.tier, seg, rw.src, keep) \
+                        if self.config.compact_recode else _copied(seg.records, rw.src, keep)
+                assert rw.dst is not None
+                wrote = False
+                for gid, t_min, t_max, kind, chunk_key, raw in rw.records:
+                    rw.dst.write(raw)
+                    rw.new.add(gid, t_min, t_max, kind, chunk_key, rw.offset, len(raw))
+                    rw.offset += len(raw)
+                    rw.steps += 1
+                    wrote = True
+                    if deadline is not None and self.clock() >= deadline:
+                        return False  # the generator keeps its place for the next flush
+                if deadline is not None and wrote and self.clock() >= deadline:
+                    return False
+                rw.dst.flush()
+                os.fsync(rw.dst.fileno())
+            except BaseException:
+                rw.close_files()  # before the copy is removed: an open file keeps its space
+                raise
+            rw.close_files()
         seg.close_writer()
-        tmp = seg.path.with_suffix(".tmp")
-        new = RecordIndex()
-        with _refused_as_store_write_error(tmp), open(seg.path, "rb") as src, \
-                open(tmp, "wb") as dst:
-            dst.write(write_file_header(seg.start_ms, seg.span_ms))
-            offset = FILE_HEADER.size
-            records = self._recoded(tier, seg, src, keep) if self.config.compact_recode \
-                else _copied(recs, src, keep)
-            for gid, t_min, t_max, kind, chunk_key, raw in records:
-                dst.write(raw)
-                new.add(gid, t_min, t_max, kind, chunk_key, offset, len(raw))
-                offset += len(raw)
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.replace(tmp, seg.path)
+        os.replace(rw.tmp, seg.path)
         fsync_dir(seg.path.parent)
-        seg.records = new
-        seg.size = offset
-        self._save_index(tier, seg)
+        seg.records = rw.new
+        seg.size = rw.offset
+        self._save_index(rw.tier, seg)
+        seg.indexed = True
+        self.rewrites_done += 1
+        return True
+
+    def _drop_rewrites(self, exc: StoreWriteError) -> None:
+        """The disk refused data while unfinished segment copies hold space: delete them
+        (a refused compaction, begun again after ``maintain_retry_s``)."""
+        for key in list(self._rewrites):
+            self._maintained.pop(key[0], None)
+            self._abandon_rewrite(key)
+        self._compaction_refused("", exc)
+
+    def _abandon_rewrite(self, key: tuple[str, int]) -> None:
+        """Drop the rewrite of a segment, if one is under way, and delete its copy."""
+        rw = self._rewrites.pop(key, None)
+        if rw is not None:
+            rw.close_files()
+            rw.tmp.unlink(missing_ok=True)
+
+    @property
+    def rewrites_pending(self) -> int:
+        """Segment rewrites begun by compaction and not finished yet."""
+        return len(self._rewrites)
 
     def _recoded(self, tier: str, seg: _Segment, src: BinaryIO,
                  keep: list[int]) -> Iterator[_Rec]:
@@ -789,6 +932,8 @@ class SeriesStore:
                     self._seal(tier, self.tiers[tier], g)
             self._flush_data()
         finally:
+            for key in list(self._rewrites):  # not finished here: begun again after open
+                self._abandon_rewrite(key)
             for segs in self._segments.values():
                 for seg in segs.values():
                     seg.close_writer()
@@ -840,6 +985,27 @@ def _merge_runs(recs: RecordIndex, keep: list[int]) -> list[list[int]]:
             last[g] = [i]
             runs.append(last[g])
     return runs
+
+
+def _kept(recs: RecordIndex) -> list[int]:
+    """The records (file order) a rewrite keeps: every sealed one, and each partial one
+    whose chunk was not sealed since (vectorised: a 2 h segment of a large fleet flushed
+    every 10 s holds about a million records, mostly partial)."""
+    n = recs.n
+    kind = np.asarray(recs.kind, dtype=np.int64)
+    if not recs.sealed:
+        return list(range(n))
+    gid, key = recs.gid[:n], np.asarray(recs.chunk_key, dtype=np.int64)
+    order = np.lexsort((key, gid))
+    g, k = gid[order], key[order]
+    new = np.ones(n, bool)  # first record of each (group, chunk key)
+    new[1:] = (g[1:] != g[:-1]) | (k[1:] != k[:-1])
+    chunk = np.cumsum(new) - 1
+    has_sealed = np.zeros(int(chunk[-1]) + 1, bool)
+    has_sealed[chunk[kind[order] == KIND_SEALED]] = True
+    superseded = np.empty(n, bool)
+    superseded[order] = has_sealed[chunk]
+    return np.flatnonzero((kind == KIND_SEALED) | ~superseded).tolist()
 
 
 def _copied(recs: RecordIndex, src: BinaryIO, keep: list[int]) -> Iterator[_Rec]:
