@@ -180,7 +180,7 @@ class RulesConfig:
     power are trusted."""
     rest_excess_c: float = 6.0
     """A GPU of a node at rest this far above the node's median beyond its learned place ..."""
-    rest_unlearned_c: float = 12.0
+    rest_unlearned_c: float = 8.0
     """... or this far above it before its place is learned ..."""
     rest_settle_s: float = 300.0
     """... once the whole node has idled this long ..."""

@@ -140,8 +140,12 @@ class RuleParams:
     rest_excess_c: float = 6.0
     """Degrees a GPU at rest reads above its resting node peers' median, beyond its own
     learned place among them ..."""
-    rest_unlearned_c: float = 12.0
-    """... or above that median outright while its place is not learned yet ..."""
+    rest_unlearned_c: float = 8.0
+    """... or above that median outright while its place is not learned yet (twice the
+    widest resting spread in the real captures of ``tests/fixtures/dcgm-exporter``: two idle
+    8 x H100 nodes whose dies sat within 4 degC of their node's median, the warmest one
+    drawing 48 W more than its peers; a node that has never rested before its fault has
+    no place learned, so this bar is the one such a fault meets) ..."""
     rest_settle_s: float = 300.0
     """... once it and every GPU of its node have idled this long (a die of two minutes'
     lag has shed all but a few degrees of its last job by then) ..."""

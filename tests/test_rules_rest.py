@@ -73,17 +73,25 @@ def test_a_learned_seat_lowers_the_bar_and_a_warm_seat_is_not_a_fault() -> None:
     temp = COL["temperature_celsius"]
     # GPU 5 sits 5 degC warmer than its peers all along (its seat): never accused
     data[:, 5, temp] += 5.0
-    # GPU 1 heats by 8 degC at step 1200: under the 12 degC bar of an unlearned seat, over
-    # the 6 degC of a seat learned for 10 minutes at rest (from step 300 on)
+    # GPU 1, 2 degC below its node's median by seat, heats by 8 degC at step 1200: 6 above
+    # the median, under the 8 degC bar of an unlearned seat, over the 6 degC of a seat
+    # learned for 10 minutes at rest (from step 300 on)
     data[1200:, 1, temp] += 8.0
     got = _excess(shard, ids, nodes, data)
     assert [e for e, _ in got] == ["node-0/gpu-1"], got
     assert 1255 <= got[0][1] <= 1265, got
-    # the same heat before the seat is learned stays under the unlearned bar
+    # the same heat before the seat is learned stays under the unlearned bar ...
     shard, ids, nodes = _shard(nodes=1, learn_s=600.0)
     early = _resting(1500, 8, seed=3)
     early[800:, 1, temp] += 8.0
     assert _excess(shard, ids, nodes, early) == []
+    # ... and 10 degC above the median, more than twice any healthy resting spread, is
+    # found without one
+    shard, ids, nodes = _shard(nodes=1, learn_s=600.0)
+    early = _resting(1500, 8, seed=3)
+    early[800:, 1, temp] += 12.0
+    got = _excess(shard, ids, nodes, early)
+    assert [e for e, _ in got] == ["node-0/gpu-1"] and 855 <= got[0][1] <= 865, got
 
 
 def test_a_node_with_a_busy_gpu_or_still_cooling_is_not_judged() -> None:
