@@ -25,24 +25,28 @@ where smaller; "as sealed on ingest" are --chunk chunks as the ingest path seals
 the sealed form and entropy-coding it again; decode reads the compacted form. Each is the best
 of ROUNDS runs of the thread's CPU time (on a shared machine the wall clock also counts other
 processes' turns on the core; the JSON keeps the wall-clock figures as ``*_wall_*``). The
-flush stall is how long the store's flush() blocks when it compacts a finished segment with
-``compact_recode`` (and without, for comparison). Per metric,
+flush stall is how long the store's flush() blocks when it compacts a finished segment: with
+the default config (``compact_recode`` on, the rewrite spread over flushes by
+``compact_budget_s``), with the whole rewrite in one flush (the previous behaviour) and
+without ``compact_recode``; ``--stall-gpus`` adds a large synthetic segment to show that
+the longest flush follows the budget, not the segment's size. Per metric,
 "streamed" is the bytes/sample of its DELTA/DOD columns and "floor" the zero-order entropy
 of the residuals those columns code (pooled over the dataset, no table cost): the distance
 between the two is what a better entropy coder could still win.
 
     python -m benchmarks.compression [--npz FILE ...] [--zoo PROFILE ...] [--gpus 16]
-        [--duration 3600] [--no-peers] [--json]
+        [--duration 3600] [--stall-gpus 2048] [--no-peers] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -418,41 +422,102 @@ finished segments (the store's default raw tier has 2 h ones; the stall grows wi
 samples a segment holds, which the result reports)."""
 
 
-def run_flush_stall(ds: Dataset, recode: bool, block: int = 10) -> dict[str, Any]:
+def run_flush_stall(ds: Dataset, recode: bool, block: int = 10,
+                    budget_s: float | None = None) -> dict[str, Any]:
     """How long one flush() blocks: the data appended through SeriesStore in time order,
     ``block`` ticks at a time, with a flush after each (auto_maintain on, as the
-    aggregator runs it), so the flush after a segment's end plus grace compacts it inside
-    the call. Returns the longest flush, the longest that compacted, and the samples that
-    one rewrote (fsync off: the disk's share is left out)."""
+    aggregator runs it), so the flush after a segment's end plus grace compacts it.
+    ``budget_s`` None is the store's default ``compact_budget_s`` (the rewrite spread over
+    flushes); ``float("inf")`` rewrites a segment in one flush. Returns the longest flush
+    (wall clock and the thread's CPU time), the longest one that began a compaction and
+    the samples that one's segments hold, and how many flushes each segment's rewrite took
+    (fsync off: the disk's share is left out)."""
     flat = ds.values.transpose(0, 2, 1).reshape(-1, ds.ts.shape[1])
     gs = groups(ds)
+
+    def blocks() -> Iterator[tuple[list[tuple[Any, Any, Any]], int, Callable[[int, int], int]]]:
+        for a in range(0, ds.ts.shape[1], block):
+            appends = [(cols, ds.ts[rows[0], a:a + block], flat[cols, a:a + block].T)
+                       for rows, cols in gs]
+            yield appends, max(int(t.max()) for _, t, _ in appends), samples_between
+
+    def samples_between(lo: int, hi: int) -> int:
+        return sum(int(((ds.ts[rows[0]] >= lo) & (ds.ts[rows[0]] < hi)).sum()) * cols.size
+                   for rows, cols in gs)
+
+    return _stall(blocks(), recode, budget_s)
+
+
+def _stall(blocks: Iterator[tuple[list[tuple[Any, Any, Any]], int, Callable[[int, int], int]]],
+           recode: bool, budget_s: float | None,
+           segment_ms: int = STALL_SEGMENT_MS) -> dict[str, Any]:
+    """Append each block's groups, flush, time the flush (see :func:`run_flush_stall`)."""
     grace = 120_000
     with tempfile.TemporaryDirectory(prefix="fp-stall-") as tmp:
         cfg = StoreConfig(path=tmp, fsync=False, compact_recode=recode, grace_ms=grace,
-                          tiers=(TierSpec("raw", 0, 0, STALL_SEGMENT_MS),))
-        worst = worst_compacting = 0.0
+                          tiers=(TierSpec("raw", 0, 0, segment_ms),))
+        if budget_s is not None:
+            cfg = dataclasses.replace(cfg, compact_budget_s=budget_s)
+        worst = worst_cpu = worst_compacting = 0.0
         worst_samples = 0
         done = None  # event time before which segments are compacted
+        streak = 0
+        per_segment: list[int] = []
+        flushes = 0
         with SeriesStore(cfg) as st:
-            for a in range(0, ds.ts.shape[1], block):
-                newest = -(2**63)
-                for rows, cols in gs:
-                    ts = ds.ts[rows[0], a:a + block]
-                    st.append("raw", cols, ts, flat[cols, a:a + block].T)
-                    newest = max(newest, int(ts.max()))
-                t0 = time.perf_counter()
+            for appends, newest, samples_between in blocks:
+                for cols, ts, vals in appends:
+                    st.append("raw", cols, ts, vals)
+                pending, finished = st.rewrites_pending, st.rewrites_done
+                c0, t0 = time.thread_time(), time.perf_counter()
                 st.flush()
-                took = time.perf_counter() - t0
-                worst = max(worst, took)
-                edge = (newest - grace) // STALL_SEGMENT_MS * STALL_SEGMENT_MS
-                if done is not None and edge > done:  # this flush compacted [done, edge)
-                    n = sum(int(((ds.ts[rows[0]] >= done) & (ds.ts[rows[0]] < edge)).sum())
-                            * cols.size for rows, cols in gs)
-                    if took > worst_compacting:
-                        worst_compacting, worst_samples = took, n
+                took, cpu = time.perf_counter() - t0, time.thread_time() - c0
+                flushes += 1
+                worst, worst_cpu = max(worst, took), max(worst_cpu, cpu)
+                if pending or st.rewrites_pending or st.rewrites_done > finished:
+                    streak += 1  # this flush wrote some of a rewrite
+                if st.rewrites_done > finished:
+                    per_segment += [streak] * (st.rewrites_done - finished)
+                    streak = 0
+                edge = (newest - grace) // segment_ms * segment_ms
+                # a flush that began compacting [done, edge)
+                if done is not None and edge > done and took > worst_compacting:
+                    worst_compacting, worst_samples = took, samples_between(done, edge)
                 done = edge if done is None else max(done, edge)
-    return {"flush_max_s": worst, "compacting_flush_max_s": worst_compacting,
-            "compacted_samples": worst_samples, "segment_ms": STALL_SEGMENT_MS}
+            unfinished = st.rewrites_pending
+    return {"flush_max_s": worst, "flush_max_cpu_s": worst_cpu,
+            "compacting_flush_max_s": worst_compacting, "compacted_samples": worst_samples,
+            "segment_ms": segment_ms, "budget_s": cfg.compact_budget_s if recode else None,
+            "flushes": flushes, "segments_rewritten": len(per_segment),
+            "rewrite_flushes": per_segment, "rewrite_flushes_max": max(per_segment, default=0),
+            "rewrites_unfinished": unfinished}
+
+
+def run_stall_large(gpus: int, seed: int, budget_s: float | None,
+                    segment_ms: int = STALL_SEGMENT_MS) -> dict[str, Any]:
+    """The flush stall on a synthetic fleet of ``gpus`` GPUs x 33 metrics at 1 Hz (one group
+    per node of 8, noisy readings at 0.1 resolution: the recode's slow case), generated a
+    block at a time: one segment, its grace, then flushes every 10 s until its rewrite is
+    done (at most another segment's time)."""
+    rng = np.random.default_rng(seed)
+    nodes, metrics, block = max(1, gpus // 8), 33, 10
+    ids = [np.arange(n * 8 * metrics, (n + 1) * 8 * metrics, dtype=np.int64)
+           for n in range(nodes)]
+    level = rng.uniform(20, 700, (nodes, 8 * metrics)).round(1)
+    t0 = 1_767_225_600_000
+    seconds = (2 * segment_ms + 120_000) // 1000
+
+    def blocks() -> Iterator[tuple[list[tuple[Any, Any, Any]], int, Callable[[int, int], int]]]:
+        for a in range(0, seconds, block):
+            ts = t0 + (a + np.arange(block, dtype=np.int64)) * 1000
+            appends = [(ids[n], ts + n % 7, (level[n] + rng.normal(0, 5, (block, level.shape[1]))
+                                             ).round(1)) for n in range(nodes)]
+            yield appends, int(ts[-1]) + 6, lambda lo, hi: nodes * 8 * metrics * (hi - lo) // 1000
+
+    out = _stall(blocks(), True, budget_s, segment_ms)
+    out.update({"gpus": nodes * 8, "metrics": metrics,
+                "segment_samples": nodes * 8 * metrics * segment_ms // 1000})
+    return out
 
 
 # ---------------------------------------------------------------------------- peers
@@ -475,6 +540,7 @@ def run_dataset(ds: Dataset, chunk: int, peers: bool) -> dict[str, Any]:
     gor = run_gorilla(ds, chunk)
     store = run_store(ds, chunk)
     stall = run_flush_stall(ds, recode=True)
+    stall_one = run_flush_stall(ds, recode=True, budget_s=float("inf"))
     stall_plain = run_flush_stall(ds, recode=False)
     r: dict[str, Any] = {
         "series": ds.ts.shape[0] * len(ds.metrics), "ticks": ds.ts.shape[1],
@@ -494,7 +560,8 @@ def run_dataset(ds: Dataset, chunk: int, peers: bool) -> dict[str, Any]:
         "sealed_decode_wall_samples_per_s": samples_total / fp["sealed_decode"].wall,
         "gorilla_encode_wall_samples_per_s": samples_total / gor["encode"].wall,
         "store_read_samples_per_s": samples_total / store["read_s"],
-        "flush_stall": {"recode": stall, "no_recode": stall_plain},
+        "flush_stall": {"recode": stall, "recode_one_flush": stall_one,
+                        "no_recode": stall_plain},
         "lossless": fp["lossless"] and store["lossless"],
         "gorilla_lossless": gor["lossless"],
         "timestamp_bytes_per_sample": fp["timestamp_and_header_bytes"] / finite,
@@ -562,11 +629,8 @@ def print_table(name: str, r: dict[str, Any]) -> None:
           f"encode {r['encode_wall_samples_per_s'] / 1e6:.1f}, decode "
           f"{r['decode_wall_samples_per_s'] / 1e6:.1f} M/s)")
     fs = r["flush_stall"]
-    print(f"flush stall ({fs['recode']['segment_ms'] // 60_000} min segments, no fsync): "
-          f"a flush that compacts {fs['recode']['compacted_samples']:,} samples blocks "
-          f"{fs['recode']['compacting_flush_max_s'] * 1e3:.0f} ms with compact_recode "
-          f"({fs['no_recode']['compacting_flush_max_s'] * 1e3:.0f} ms without); longest "
-          f"flush {fs['recode']['flush_max_s'] * 1e3:.0f} ms")
+    print(f"flush stall ({fs['recode']['segment_ms'] // 60_000} min segments of "
+          f"{fs['recode']['compacted_samples']:,} samples, no fsync): " + stall_line(fs))
     if "below_victoriametrics" in r:
         print(f"below VictoriaMetrics: {r['below_victoriametrics']:.1%}")
     print(f"{'metric':<46}{'ours B/s':>9}{'Gorilla':>9}{'streamed':>10}{'floor':>8}")
@@ -574,6 +638,20 @@ def print_table(name: str, r: dict[str, Any]) -> None:
         print(f"{metric:<46}{pm['bytes_per_sample']:>9.3f}{pm['gorilla_bytes_per_sample']:>9.3f}"
               f"{pm['residual_column_bytes_per_sample']:>10.3f}"
               f"{pm['residual_entropy_bytes_per_sample']:>8.3f}")
+
+
+def stall_line(fs: dict[str, Any]) -> str:
+    d, one, plain = fs["recode"], fs.get("recode_one_flush"), fs.get("no_recode")
+    line = (f"default config (recode, budget {d['budget_s'] * 1e3:.0f} ms) longest flush "
+            f"{d['flush_max_s'] * 1e3:.0f} ms (CPU {d['flush_max_cpu_s'] * 1e3:.0f} ms), "
+            f"a segment's rewrite took {d['rewrite_flushes_max']} flush(es) "
+            f"({d['segments_rewritten']} rewritten)")
+    if one is not None:
+        line += (f"; all in one flush {one['flush_max_s'] * 1e3:.0f} ms "
+                 f"(CPU {one['flush_max_cpu_s'] * 1e3:.0f} ms)")
+    if plain is not None:
+        line += f"; without recode {plain['flush_max_s'] * 1e3:.0f} ms"
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -589,6 +667,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zoo", action="append", default=None,
                         help="fleet-zoo profile (name or draw seed) run like the fleet "
                              f"(repeatable; default: {', '.join(ZOO_DEFAULT)})")
+    parser.add_argument("--stall-gpus", type=int, default=2048,
+                        help="GPUs of the large synthetic flush-stall segment (x 33 metrics "
+                             "x 900 s a segment; 0 skips it)")
     parser.add_argument("--no-peers", action="store_true", help="skip Prometheus and VM")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
     parser.add_argument("--json", action="store_true", help="(the last line is always JSON)")
@@ -608,6 +689,15 @@ def main(argv: list[str] | None = None) -> int:
     for ds in datasets:
         results[ds.name] = run_dataset(ds, args.chunk, not args.no_peers)
         print_table(ds.name, results[ds.name])
+    stall_large = None
+    if args.stall_gpus > 0:
+        stall_large = {"recode": run_stall_large(args.stall_gpus, args.seed, None),
+                       "recode_one_flush": run_stall_large(args.stall_gpus, args.seed,
+                                                           float("inf"))}
+        print(f"\nflush stall, synthetic {stall_large['recode']['gpus']:,} GPUs x 33 metrics, "
+              f"{stall_large['recode']['segment_ms'] // 60_000} min segments of "
+              f"{stall_large['recode']['segment_samples']:,} samples, no fsync: "
+              + stall_line(stall_large))
     fleet_r = results["fleet"]
     summary: dict[str, Any] = {
         "bytes_per_sample": fleet_r["bytes_per_sample"],
@@ -632,6 +722,11 @@ def main(argv: list[str] | None = None) -> int:
                                                for r in results.values()),
         "flush_stall_max_s": max(r["flush_stall"]["recode"]["compacting_flush_max_s"]
                                  for r in results.values()),
+        "flush_max_s": max(r["flush_stall"]["recode"]["flush_max_s"] for r in results.values()),
+        "flush_stall_one_flush_max_s": max(
+            r["flush_stall"]["recode_one_flush"]["compacting_flush_max_s"]
+            for r in results.values()),
+        "flush_stall_large": stall_large,
         "below_victoriametrics_min": (
             None if args.no_peers or any("below_victoriametrics" not in r
                                          for r in results.values())
@@ -646,7 +741,8 @@ def main(argv: list[str] | None = None) -> int:
             else all(r["beats_victoriametrics"] for r in results.values())),
         "missing_peers": missing_peers(),
         "config": {"gpus": args.gpus, "duration_s": args.duration, "hz": args.hz,
-                   "chunk": args.chunk, "seed": args.seed, "npz": [str(p) for p in args.npz]},
+                   "chunk": args.chunk, "seed": args.seed, "npz": [str(p) for p in args.npz],
+                   "stall_gpus": args.stall_gpus},
         "datasets": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
