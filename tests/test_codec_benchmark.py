@@ -25,7 +25,7 @@ def test_benchmark_reports_lossless_results_for_every_dataset(
     out = tmp_path / "compression.json"
     rc = compression.main(["--no-peers", "--gpus", "8", "--duration", "240", "--dcgm-ticks",
                            "130", "--npz", str(npz), "--zoo", "sparse_metrics_0p2hz",
-                           "--out", str(out)])
+                           "--stall-gpus", "16", "--out", str(out)])
     assert rc == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     summary = orjson.loads(last)
@@ -93,7 +93,7 @@ def test_a_peer_that_cannot_run_is_reported_not_fatal(
     monkeypatch.setattr(compression, "victoriametrics_bytes", broken)
     out = tmp_path / "c.json"
     assert compression.main(["--gpus", "8", "--duration", "130", "--dcgm-ticks", "130",
-                             "--out", str(out)]) == 0
+                             "--stall-gpus", "0", "--out", str(out)]) == 0
     summary = orjson.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["victoriametrics_bytes_per_sample"] is None
     assert summary["beats_victoriametrics_everywhere"] is None
