@@ -518,7 +518,9 @@ class AggregatorService:
         """(Store thread) the gauges that walk the stages' and the store's state."""
         return {"open": [loop.stage.open_windows() for loop in self.loops],
                 "catching_up": self.rack.catching_up(), "store_bytes": self.store_bytes(),
-                "entities": len(self.index)}
+                "entities": len(self.index), "rewrites_pending": self.store.rewrites_pending,
+                "rewrites_done": self.store.rewrites_done,
+                "maintain_errors": self.store.maintain_errors}
 
     def mount_metrics(self, app: web.Application) -> None:
         registry = CollectorRegistry(auto_describe=False)
@@ -598,6 +600,18 @@ class _Collector(Collector):
         yield GaugeMetricFamily("fleetpulse_aggregator_store_bytes",
                                 "Bytes of the store's segment files.",
                                 value=g.get("store_bytes", 0))
+        yield GaugeMetricFamily("fleetpulse_aggregator_store_rewrites_pending",
+                                "Finished segments whose compaction rewrite is under way, a "
+                                "slice per flush (compact_budget_s); a count that keeps "
+                                "growing means the budget is too small for the ingest.",
+                                value=g.get("rewrites_pending", 0))
+        yield CounterMetricFamily("fleetpulse_aggregator_store_rewrites",
+                                  "Segments rewritten by compaction.",
+                                  value=g.get("rewrites_done", 0))
+        yield CounterMetricFamily("fleetpulse_aggregator_store_compaction_errors",
+                                  "Compactions the disk refused (retried after "
+                                  "maintain_retry_s; the data was durable already).",
+                                  value=g.get("maintain_errors", 0))
         if s.fleet is not None:
             fs = s.fleet.stats
             yield CounterMetricFamily("fleetpulse_aggregator_fleet_queries",

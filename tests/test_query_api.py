@@ -216,6 +216,8 @@ async def test_service_on_memory_transport_end_to_end(tmp_path):
                         levels == {"row", "cluster"}:
                     break
             assert "fleetpulse_aggregator_store_bytes" in text
+            assert "fleetpulse_aggregator_store_rewrites_pending 0.0" in text
+            assert "fleetpulse_aggregator_store_compaction_errors_total 0.0" in text
             assert "fleetpulse_aggregator_late_samples_total" in text
             assert "fleetpulse_aggregator_tiers_catching_up 0.0" in text
         assert levels == {"row", "cluster"}
