@@ -38,7 +38,12 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              any run of identical readings this sensor showed at this power in
                              the last day (after ``stuck_history_s`` learned and 30 changes of
                              value at that power), where the lags expect more wandering than a
-                             whole degree plus 4 times the model's error (2 degC at least).
+                             whole degree plus 4 times the model's error (2 degC at least);
+                             or, needing no thermal model, for ``stuck_after_s`` while the
+                             GPU ran its node peers' load (power within a fifth, else
+                             utilisation within 15 points) when it froze and runs it now and
+                             the peers' median reading has moved ``stuck_predicted_c`` since:
+                             dies of one node under one load move together.
                              A sensor is one GPU's part: when the whole node holds its
                              readings, the node is steady or the models misjudge its loop.
                              Judged by the GPU's own response, its own sensor and its peers,
@@ -185,8 +190,8 @@ def rules_for(p: RuleParams) -> tuple[Rule, ...]:
              "fleetpulse_gpu_clock_event_reasons", "hardware slowdown / power brake asserted"),
         Rule("temperature_stuck", Severity.WARNING, 1, p.state_hold_s,
              "fleetpulse_gpu_temperature_celsius",
-             "temperature reading frozen while the GPU's thermal model says it must move "
-             "(sensor stuck?)"),
+             "temperature reading frozen while the GPU's thermal model or its node peers "
+             "say the die moved (sensor stuck?)"),
         Rule("thermal_excess", Severity.WARNING, 1, p.state_hold_s,
              "fleetpulse_gpu_temperature_celsius",
              "hotter than its own thermal model and its node peers at this power "
@@ -230,7 +235,7 @@ class RuleBook:
 
     ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
               "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus", "stuck_kmin", "stuck_kmax", "stuck_err",
-              "stuck_swung_ms",
+              "stuck_swung_ms", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
               "run_max_s", "runs_n", "excess_since_ms", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_hot_since_ms",
               "deficit_evidence_s",
@@ -265,6 +270,15 @@ class RuleBook:
         self.stuck_swung_ms = np.zeros(0, dtype=np.int64)
         """Since when, in the current freeze, every plausible lag has swung past the bar (0:
         not yet)."""
+        self.stuck_base_ms = np.zeros(0, dtype=np.int64)
+        """When the reading last changed with node peers to compare (0: not known) ..."""
+        self.stuck_peer0 = np.zeros(0)
+        """... the node's median reading then ..."""
+        self.stuck_load0 = np.zeros(0)
+        """... and whether the GPU ran its peers' load then (1) or not (0)."""
+        self.stuck_peer_ms = np.zeros(0, dtype=np.int64)
+        """Since when, in the current freeze, the node's median has stood ``bar`` off where
+        it was while this GPU ran its peers' load (0: not)."""
         self.run_max_s = np.zeros((0, DWELL_BINS))
         """Longest run of identical readings this sensor showed, per band of power (decaying
         over a day) ..."""
@@ -431,7 +445,27 @@ class RuleBook:
                          & (swing >= np.maximum(2.0, 1.0 + 4.0 * self.stuck_err[ids]))
                          & (frozen_s >= 2.0 * p.stuck_after_s)
                          & (frozen_s >= 10.0 * self.run_max_s[ids, band]))
-        cond[:, 5] = swung | stayed | unlike_itself
+        # Or unlike its node peers, with no thermal model needed: it ran its peers' load
+        # when the reading froze and runs it now, and the peers' median has moved ``bar``
+        # or more since, for ``stuck_after_s``. Dies of one node under one load share the
+        # inlet and the cooling, so they move together; one reading that stays behind is
+        # its sensor. (The thermal model cannot judge a power it has not learned: a sensor
+        # frozen at its idle value when a job starts is only seen this way.)
+        like = self._runs_like_peers(row, ctx.node)
+        peer_med = _peer_median(temp, ctx.node, has_temp)
+        base = held & (self.stuck_base_ms[ids] > 0)
+        fresh = has_temp & ~held
+        self.stuck_base_ms[ids] = np.where(
+            fresh, np.where(np.isfinite(peer_med), ts_ms, 0), self.stuck_base_ms[ids])
+        self.stuck_peer0[ids] = np.where(fresh, peer_med, self.stuck_peer0[ids])
+        self.stuck_load0[ids] = np.where(fresh, like, self.stuck_load0[ids])
+        moved = np.abs(peer_med - self.stuck_peer0[ids])
+        apart = (base & like & (self.stuck_load0[ids] > 0) & np.isfinite(moved)
+                 & (moved >= np.maximum(p.stuck_predicted_c, 4.0 * self.stuck_err[ids])))
+        peer_ms = held_since(self.stuck_peer_ms[ids], apart, ts_ms)
+        self.stuck_peer_ms[ids] = peer_ms
+        behind = frozen_long & alone & apart & (ts_ms - peer_ms >= p.stuck_after_s * 1000)
+        cond[:, 5] = swung | stayed | unlike_itself | behind
         val[:, 5] = temp
         # Hotter than its own thermal model, and than its node peers, whatever lag the GPU's
         # history allowed while it ran as predicted: a die whose chosen lag is wrong for it
@@ -508,6 +542,20 @@ class RuleBook:
         val[:, 9] = burst[:, 1]
         cond[:, LOST] = ~valid
         return cond, val
+
+    @staticmethod
+    def _runs_like_peers(row: npt.NDArray[np.float64], node: npt.NDArray[np.intp]
+                         ) -> npt.NDArray[np.bool_]:
+        """Whether each GPU runs its node peers' load: power within a fifth of their median
+        (50 W at least), or where no power is read, utilisation within 15 points of theirs."""
+        power = row[:, COL["power_usage_watts"]]
+        util = row[:, COL["utilization_ratio"]]
+        has_p = np.isfinite(power)
+        med_p = _peer_median(power, node, has_p)
+        med_u = _peer_median(util, node, np.isfinite(util))
+        by_power = np.abs(power - med_p) <= np.maximum(0.2 * np.abs(med_p), 50.0)
+        by_util = np.abs(util - med_u) <= 0.15
+        return np.where(has_p & np.isfinite(med_p), by_power, by_util)
 
     def _hot_at_rest(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
                      util: npt.NDArray[np.float64], dt_s: npt.NDArray[np.float64], ts_ms: int,

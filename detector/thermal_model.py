@@ -23,8 +23,10 @@ variance over the last ten minutes is the GPU's thermal model. Its outputs:
 
 The prediction is made before the step is learned, so a sudden jump shows in full, and a
 reading far outside the model's usual error is learned at a fiftieth of the weight: the
-model keeps the GPU's healthy response through a fault instead of absorbing it. All of it runs in one
-compiled loop over the GPUs of a call.
+model keeps the GPU's healthy response through a fault instead of absorbing it. A power the
+model has not learned yet is learned only from readings that move: a reading held for
+``_NEW_HELD_S`` or longer teaches nothing about a new power (see there). All of it runs in
+one compiled loop over the GPUs of a call.
 """
 
 from __future__ import annotations
@@ -68,13 +70,23 @@ DWELL_BINS: Final = _DWELL_BINS
 _DWELL_S: Final = 300.0
 """A GPU's model judges a reading only once it has learned for ``_DWELL_S`` seconds at
 that smoothed power (bins of ``_DWELL_BIN_W``, the last one open-ended)."""
+_NEW_HELD_S: Final = 60.0
+"""A reading unchanged for this long is not learned at a power the model does not know yet
+(nor counted as time learned there). A new power is where the outlier guard cannot help:
+with no prediction there, a sensor frozen at its idle value when a job starts reads "as
+expected", and the model learned the frozen value as the die's response at full power (a
+held-out zoo draw: slope zero, 27 degC at 340 W), so the stuck sensor went unseen and the
+healthy die read 8 degC "too hot" for hours after it recovered. A working sensor of any
+resolution moves within a minute of a new power (100 W more moves a die 1.2 degC or
+more); one that holds still meanwhile is learned once it moves again."""
 _MAX_DT_S: Final = 60.0
 """A gap longer than this is learned as this long (a restarted agent, a missed frame)."""
 
 
 @numba.njit(cache=True)
 def _thermal_step(ids, temp, power, ts_ms, taus, last_ms, n, ema, mx, my, vxx, vxy, rv, scale,
-                  dwell, best, resid, pred, cand, plaus, preds):  # pragma: no cover - compiled
+                  dwell, best, last_t, held_s, resid, pred, cand, plaus,
+                  preds):  # pragma: no cover - compiled
     k_taus = taus.shape[0]
     for i in range(ids.shape[0]):
         g = ids[i]
@@ -93,6 +105,11 @@ def _thermal_step(ids, temp, power, ts_ms, taus, last_ms, n, ema, mx, my, vxx, v
         else:
             dt = 1.0
         last_ms[g] = ts_ms
+        if n[g] > 0 and t == last_t[g]:
+            held_s[g] += dt
+        else:
+            held_s[g] = 0.0
+        last_t[g] = t
         first = n[g] == 0
         for k in range(k_taus):
             if first:
@@ -122,6 +139,8 @@ def _thermal_step(ids, temp, power, ts_ms, taus, last_ms, n, ema, mx, my, vxx, v
                 for k in range(k_taus):
                     cand[i, k] = preds[k]
                     plaus[i, k] = rv[g, k] <= 4.0 * rv[g, b] + 0.25 or k == b
+        if warm and dwell[g, bin_] < _DWELL_S and held_s[g] >= _NEW_HELD:
+            continue  # a held reading teaches nothing about a power not yet learned
         dwell[g, bin_] += dt
         # A reading far outside the model's usual error is learned at a fiftieth of the
         # weight: a fault (a die heating for twenty minutes at the same power) must not
@@ -155,13 +174,14 @@ def _thermal_step(ids, temp, power, ts_ms, taus, last_ms, n, ema, mx, my, vxx, v
 
 
 _WARMUP = WARMUP_STEPS
+_NEW_HELD = _NEW_HELD_S
 
 
 class ThermalModels:
     """The candidate-lag regressions of GPUs ``0..n-1`` (arrays grow on demand)."""
 
     ARRAYS: Final = ("last_ms", "n", "ema", "mx", "my", "vxx", "vxy", "rv", "scale", "dwell",
-                     "best")
+                     "best", "last_t", "held_s")
 
     def __init__(self) -> None:
         k = len(TAUS_S)
@@ -178,6 +198,10 @@ class ThermalModels:
         self.dwell = np.zeros((0, _DWELL_BINS))
         """Seconds learned per band of smoothed power (it judges only where it has learned)."""
         self.best = np.zeros(0, dtype=np.int64)
+        self.last_t = np.zeros(0)
+        """The last reading learned, degC ..."""
+        self.held_s = np.zeros(0)
+        """... and the seconds it has been held."""
 
     def __len__(self) -> int:
         return len(self.n)
@@ -216,8 +240,8 @@ class ThermalModels:
                       np.ascontiguousarray(temp, dtype=np.float64),
                       np.ascontiguousarray(power, dtype=np.float64), int(ts_ms), TAUS_S,
                       self.last_ms, self.n, self.ema, self.mx, self.my, self.vxx, self.vxy,
-                      self.rv, self.scale, self.dwell, self.best, resid, pred, cand, plaus,
-                      np.empty(len(TAUS_S)))
+                      self.rv, self.scale, self.dwell, self.best, self.last_t, self.held_s,
+                      resid, pred, cand, plaus, np.empty(len(TAUS_S)))
         return resid, pred, cand, plaus
 
     def power_bin(self, ids: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64],
@@ -240,5 +264,10 @@ class ThermalModels:
         return {f"{prefix}.{k}": getattr(self, k).copy() for k in self.ARRAYS}
 
     def load_arrays(self, arrays: dict[str, npt.NDArray[np.generic]], prefix: str) -> None:
+        """Restore; an array the checkpoint's version did not have starts at zero."""
+        n = len(arrays[f"{prefix}.n"])
         for k in self.ARRAYS:
-            setattr(self, k, np.array(arrays[f"{prefix}.{k}"], dtype=getattr(self, k).dtype))
+            cur = getattr(self, k)
+            saved = arrays.get(f"{prefix}.{k}")
+            setattr(self, k, np.zeros((n, *cur.shape[1:]), dtype=cur.dtype) if saved is None
+                    else np.array(saved, dtype=cur.dtype))

@@ -1,0 +1,81 @@
+"""A temperature sensor frozen at its idle value when its node starts a job: found by its node
+peers (the thermal model has not learned that power yet), and not learned by the thermal model
+as the die's response (which paged the healthy die for hours once the sensor recovered)."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from test_detector_support import timestamps
+from test_rules_rest import PER_NODE, _shard
+
+from detector.features import COL, GATHERED
+
+STEPS = 1800
+JOB = 900  # node 0 starts training here
+FROZEN = (850, 1300)  # GPU 1's reading holds its idle value over this span
+
+
+def _node_data(seed: int = 0) -> npt.NDArray[np.float64]:
+    """Two nodes of 8 GPUs with whole-degree sensors, 1 Hz: both idle, node 0 trains from
+    ``JOB`` on (400 W); dies lag their power by 30 s."""
+    rng = np.random.default_rng(seed)
+    g = 2 * PER_NODE
+    x = np.full((STEPS, g, len(GATHERED)), np.nan)
+    busy = np.zeros((STEPS, g), dtype=bool)
+    busy[JOB:, :PER_NODE] = True
+    busy[:, 5] = False  # GPU 5 of node 0 is left out of the job
+    util = np.where(busy, 0.95, 0.02) + rng.normal(0, 0.01, (STEPS, g))
+    power = np.where(busy, 400.0, 70.0) + rng.normal(0, 4, (STEPS, g))
+    x[:, :, COL["utilization_ratio"]] = np.round(np.clip(util, 0, 1), 2)
+    x[:, :, COL["power_usage_watts"]] = power
+    x[:, :, COL["power_limit_watts"]] = 700.0
+    temp = np.empty((STEPS, g))
+    t = 30 + 0.05 * power[0]
+    for s in range(STEPS):
+        t = t + (30 + 0.05 * power[s] - t) / 30.0
+        temp[s] = t
+    x[:, :, COL["temperature_celsius"]] = np.round(temp + rng.normal(0, 0.3, temp.shape))
+    x[:, :, COL["memory_temperature_celsius"]] = np.round(temp + 5)
+    x[:, :, COL["sm_clock_hertz"]] = np.where(busy, 1.98e9, 0.345e9)
+    x[:, :, COL["clock_event_reasons"]] = np.where(busy, 0, 1)
+    for name in ("ecc_sbe_volatile_total", "ecc_dbe_volatile_total", "nvlink_crc_errors_total",
+                 "nvlink_replay_errors_total", "nvlink_recovery_errors_total",
+                 "pcie_replay_errors_total", "ecc_dbe_aggregate_total", "row_remap_failure"):
+        x[:, :, COL[name]] = 0.0
+    # GPU 5 (idle beside the job) and GPU 9 (idle node) read one steady value throughout:
+    # sensors without noise at a steady die, held like the frozen one, but not behind peers
+    # that run their load.
+    x[:, 5, COL["temperature_celsius"]] = 34.0
+    x[:, 9, COL["temperature_celsius"]] = 34.0
+    return x
+
+
+def _alerts(data: npt.NDArray[np.float64]) -> list[tuple[str, str, str, int]]:
+    shard, ids, nodes = _shard(nodes=2)
+    got = shard.process(ids, nodes, timestamps(STEPS), data)
+    t0 = timestamps(1)[0]
+    return [(a.source, a.state.value, a.entity.rsplit("/", 2)[-2] + "/" +
+             a.entity.rsplit("/", 1)[-1], (a.updated_ms - t0) // 1000)
+            for a in got if a.source.startswith("rule:")]
+
+
+def test_a_sensor_frozen_as_its_node_starts_a_job_is_found_by_its_peers() -> None:
+    data = _node_data()
+    temp = COL["temperature_celsius"]
+    data[FROZEN[0]:FROZEN[1], 1, temp] = data[FROZEN[0], 1, temp]
+    got = _alerts(data)
+    stuck = [a for a in got if a[0] == "rule:temperature_stuck"]
+    assert [(s, e) for _, s, e, _ in stuck][:1] == [("firing", "node-0/gpu-1")], got
+    assert {e for _, _, e, _ in stuck} == {"node-0/gpu-1"}, got
+    # The peers' median is 4 degC up within seconds of the job's start, then 60 s.
+    assert JOB + 60 <= stuck[0][3] <= JOB + 90, stuck
+    # Once the sensor reads again, the healthy die is not "hotter than its model": the model
+    # did not learn the frozen idle value as the die's response at 400 W.
+    excess = [a for a in got if a[0] == "rule:thermal_excess"]
+    assert excess == [], excess
+
+
+def test_healthy_steady_readings_beside_a_job_are_not_stuck() -> None:
+    got = _alerts(_node_data(seed=1))
+    assert [a for a in got if a[0] == "rule:temperature_stuck"] == [], got
