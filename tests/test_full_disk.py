@@ -57,6 +57,9 @@ class SmallDisk:
         if proc.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.stdout}")
         self.filler = path / "filler"
+        # Made now, while there is room: a process under test can fill the disk before
+        # ``fill()`` runs, and creating a file on a full tmpfs fails (ENOSPC) itself.
+        self.filler.touch()
 
     def free(self) -> int:
         st = os.statvfs(self.path)
