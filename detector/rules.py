@@ -40,10 +40,11 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              value at that power), where the lags expect more wandering than a
                              whole degree plus 4 times the model's error (2 degC at least);
                              or, needing no thermal model, for ``stuck_after_s`` while the
-                             GPU ran its node peers' load (power within a fifth, else
-                             utilisation within 15 points) when it froze and runs it now and
-                             the peers' median reading has moved ``stuck_predicted_c`` since:
-                             dies of one node under one load move together.
+                             GPU had run its node peers' load (power within a fifth, else
+                             utilisation within 15 points) for ``rest_settle_s`` when it froze
+                             and runs it now, and the peers' median reading has moved
+                             ``stuck_predicted_c`` since: dies of one node under one load move
+                             together.
                              A sensor is one GPU's part: when the whole node holds its
                              readings, the node is steady or the models misjudge its loop.
                              Judged by the GPU's own response, its own sensor and its peers,
@@ -236,6 +237,7 @@ class RuleBook:
     ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
               "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus", "stuck_kmin", "stuck_kmax", "stuck_err",
               "stuck_swung_ms", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
+              "stuck_like_ms",
               "run_max_s", "runs_n", "excess_since_ms", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_hot_since_ms",
               "deficit_evidence_s",
@@ -275,7 +277,10 @@ class RuleBook:
         self.stuck_peer0 = np.zeros(0)
         """... the node's median reading then ..."""
         self.stuck_load0 = np.zeros(0)
-        """... and whether the GPU ran its peers' load then (1) or not (0)."""
+        """... and whether the GPU had run its peers' load for ``rest_settle_s`` then (1) or
+        not (0)."""
+        self.stuck_like_ms = np.zeros(0, dtype=np.int64)
+        """Since when the GPU has run its node peers' load (0: it does not)."""
         self.stuck_peer_ms = np.zeros(0, dtype=np.int64)
         """Since when, in the current freeze, the node's median has stood ``bar`` off where
         it was while this GPU ran its peers' load (0: not)."""
@@ -445,20 +450,25 @@ class RuleBook:
                          & (swing >= np.maximum(2.0, 1.0 + 4.0 * self.stuck_err[ids]))
                          & (frozen_s >= 2.0 * p.stuck_after_s)
                          & (frozen_s >= 10.0 * self.run_max_s[ids, band]))
-        # Or unlike its node peers, with no thermal model needed: it ran its peers' load
-        # when the reading froze and runs it now, and the peers' median has moved ``bar``
-        # or more since, for ``stuck_after_s``. Dies of one node under one load share the
-        # inlet and the cooling, so they move together; one reading that stays behind is
-        # its sensor. (The thermal model cannot judge a power it has not learned: a sensor
-        # frozen at its idle value when a job starts is only seen this way.)
+        # Or unlike its node peers, with no thermal model needed: it had run its peers'
+        # load for ``rest_settle_s`` when the reading froze (so its die sat where theirs
+        # did, not cooling from a job they had not run) and runs it now, and the peers'
+        # median has moved ``bar`` or more since, for ``stuck_after_s``. Dies of one node
+        # under one load share the inlet and the cooling, so they move together; one
+        # reading that stays behind is its sensor. (The thermal model cannot judge a power
+        # it has not learned: a sensor frozen at its idle value when a job starts is only
+        # seen this way.)
         like = self._runs_like_peers(row, ctx.node)
+        like_since = held_since(self.stuck_like_ms[ids], like, ts_ms)
+        self.stuck_like_ms[ids] = like_since
+        settled_like = like & (ts_ms - like_since >= p.rest_settle_s * 1000)
         peer_med = _peer_median(temp, ctx.node, has_temp)
         base = held & (self.stuck_base_ms[ids] > 0)
         fresh = has_temp & ~held
         self.stuck_base_ms[ids] = np.where(
             fresh, np.where(np.isfinite(peer_med), ts_ms, 0), self.stuck_base_ms[ids])
         self.stuck_peer0[ids] = np.where(fresh, peer_med, self.stuck_peer0[ids])
-        self.stuck_load0[ids] = np.where(fresh, like, self.stuck_load0[ids])
+        self.stuck_load0[ids] = np.where(fresh, settled_like, self.stuck_load0[ids])
         moved = np.abs(peer_med - self.stuck_peer0[ids])
         apart = (base & like & (self.stuck_load0[ids] > 0) & np.isfinite(moved)
                  & (moved >= np.maximum(p.stuck_predicted_c, 4.0 * self.stuck_err[ids])))

@@ -16,15 +16,18 @@ JOB = 900  # node 0 starts training here
 FROZEN = (850, 1300)  # GPU 1's reading holds its idle value over this span
 
 
-def _node_data(seed: int = 0) -> npt.NDArray[np.float64]:
+def _node_data(seed: int = 0, busy: npt.NDArray[np.bool_] | None = None
+               ) -> npt.NDArray[np.float64]:
     """Two nodes of 8 GPUs with whole-degree sensors, 1 Hz: both idle, node 0 trains from
-    ``JOB`` on (400 W); dies lag their power by 30 s."""
+    ``JOB`` on (400 W) but for GPU 5, or as ``busy`` (steps, GPUs) says; dies lag their power
+    by 30 s."""
     rng = np.random.default_rng(seed)
     g = 2 * PER_NODE
     x = np.full((STEPS, g, len(GATHERED)), np.nan)
-    busy = np.zeros((STEPS, g), dtype=bool)
-    busy[JOB:, :PER_NODE] = True
-    busy[:, 5] = False  # GPU 5 of node 0 is left out of the job
+    if busy is None:
+        busy = np.zeros((STEPS, g), dtype=bool)
+        busy[JOB:, :PER_NODE] = True
+        busy[:, 5] = False  # GPU 5 of node 0 is left out of the job
     util = np.where(busy, 0.95, 0.02) + rng.normal(0, 0.01, (STEPS, g))
     power = np.where(busy, 400.0, 70.0) + rng.normal(0, 4, (STEPS, g))
     x[:, :, COL["utilization_ratio"]] = np.round(np.clip(util, 0, 1), 2)
@@ -78,4 +81,19 @@ def test_a_sensor_frozen_as_its_node_starts_a_job_is_found_by_its_peers() -> Non
 
 def test_healthy_steady_readings_beside_a_job_are_not_stuck() -> None:
     got = _alerts(_node_data(seed=1))
+    assert [a for a in got if a[0] == "rule:temperature_stuck"] == [], got
+
+
+def test_a_die_that_settled_before_its_peers_cool_down_onto_it_is_not_stuck() -> None:
+    # Node 0 trains from step 300; GPU 3 stops at 900 and its die settles at idle (a sensor
+    # with no noise holds that value), the others stop at 1300 and cool down by 16 degC
+    # while GPU 3 runs their (idle) load: its reading holds, theirs move, but its die sat
+    # at idle long before theirs did.
+    busy = np.zeros((STEPS, 2 * PER_NODE), dtype=bool)
+    busy[300:1300, :PER_NODE] = True
+    busy[900:, 3] = False
+    data = _node_data(seed=2, busy=busy)
+    temp = COL["temperature_celsius"]
+    data[1100:, 3, temp] = data[1100, 3, temp]
+    got = _alerts(data)
     assert [a for a in got if a[0] == "rule:temperature_stuck"] == [], got
