@@ -15,11 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_full_disk import _segments_whole, small_disk  # noqa: F401 (a fixture)
+from test_store import _tags_and_bytes
 
 from aggregator.config import AggregatorConfig
 from aggregator.store import SeriesStore, StoreConfig, StoreError, TierSpec, codec
 from aggregator.store.index import load_index
-from aggregator.store.segment import decode_record_body, scan_segment
+from aggregator.store.segment import scan_segment
 from fleetpulse.config import ConfigError
 
 H = 3_600_000
@@ -90,16 +91,6 @@ def _want(ts: np.ndarray, vals: np.ndarray, a: int, b: int,
     return out
 
 
-def _tags(seg: Path) -> set[int]:
-    _, _, recs = scan_segment(seg, truncate=False)
-    data = seg.read_bytes()
-    tags: set[int] = set()
-    for r in recs:
-        _, blob = decode_record_body(data[r.offset + 12:r.offset + r.length])
-        tags.update(codec.column_tags(blob))
-    return tags
-
-
 def _begin(st: SeriesStore, ts: np.ndarray, vals: np.ndarray) -> int:
     """Hour 0 in blocks of 300 s (partial records), then the first block of hour 1: the
     flush after it begins the rewrite of hour 0. Returns the next row to append."""
@@ -139,7 +130,7 @@ def test_one_flush_rewrites_at_most_its_budget_and_reads_stay_exact(tmp_path: Pa
         assert len(recs) == rw.steps == GROUPS * 8 and flushes == GROUPS * 8 + 1
         assert st.rewrites_done == 1 and not seg.with_suffix(".tmp").exists()
         assert len(seg.read_bytes()) < len(before)
-        assert codec.C_DELTA_ANS in _tags(seg)
+        assert codec.C_DELTA_ANS in _tags_and_bytes(seg)[0]
         assert load_index(seg.with_suffix(".idx"), seg.stat().st_size) is not None
         assert [r.n for r in recs] == [480] * 7 * GROUPS + [240] * GROUPS
         _check(st, _want(ts, vals, 0, row))
@@ -158,7 +149,7 @@ def test_compact_finishes_a_rewrite_that_a_flush_began(tmp_path: Path) -> None:
         assert st.rewrites_pending == 1
         assert st.compact(now_ms=H) == 1  # callers expect the work done on return
         assert st.rewrites_pending == 0 and not seg.with_suffix(".tmp").exists()
-        assert seg.with_suffix(".idx").exists() and codec.C_DELTA_ANS in _tags(seg)
+        assert seg.with_suffix(".idx").exists() and codec.C_DELTA_ANS in _tags_and_bytes(seg)[0]
         _check(st, _want(ts, vals, 0, row))
 
 
@@ -196,7 +187,7 @@ def test_late_data_abandons_the_copy_and_the_segment_is_compacted_again(
         assert st.rewrites_pending == 0 and st.rewrites_done == 1
         _, _, recs = scan_segment(seg, truncate=False)
         assert {r.kind for r in recs} == {1}  # sealed only: no partial record is left
-        assert codec.C_DELTA_ANS in _tags(seg)
+        assert codec.C_DELTA_ANS in _tags_and_bytes(seg)[0]
     with _store(tmp_path) as st:
         _check(st, want)
 
