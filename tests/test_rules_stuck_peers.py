@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
-from test_detector_support import timestamps
+from test_detector_support import healthy, timestamps
 from test_rules_rest import PER_NODE, _shard
 
-from detector.features import COL, GATHERED
+from detector.features import COL
 
 STEPS = 1800
 JOB = 900  # node 0 starts training here
@@ -23,7 +23,7 @@ def _node_data(seed: int = 0, busy: npt.NDArray[np.bool_] | None = None
     by 30 s."""
     rng = np.random.default_rng(seed)
     g = 2 * PER_NODE
-    x = np.full((STEPS, g, len(GATHERED)), np.nan)
+    x = healthy(STEPS, g, seed)  # its error counters; load and heat are set below
     if busy is None:
         busy = np.zeros((STEPS, g), dtype=bool)
         busy[JOB:, :PER_NODE] = True
@@ -42,10 +42,6 @@ def _node_data(seed: int = 0, busy: npt.NDArray[np.bool_] | None = None
     x[:, :, COL["memory_temperature_celsius"]] = np.round(temp + 5)
     x[:, :, COL["sm_clock_hertz"]] = np.where(busy, 1.98e9, 0.345e9)
     x[:, :, COL["clock_event_reasons"]] = np.where(busy, 0, 1)
-    for name in ("ecc_sbe_volatile_total", "ecc_dbe_volatile_total", "nvlink_crc_errors_total",
-                 "nvlink_replay_errors_total", "nvlink_recovery_errors_total",
-                 "pcie_replay_errors_total", "ecc_dbe_aggregate_total", "row_remap_failure"):
-        x[:, :, COL[name]] = 0.0
     # GPU 5 (idle beside the job) and GPU 9 (idle node) read one steady value throughout:
     # sensors without noise at a steady die, held like the frozen one, but not behind peers
     # that run their load.
