@@ -356,6 +356,43 @@ async def _through_prometheus(tmp: Path, ports: list[int]) -> Points:
     return out
 
 
+COUNTERS = ("late_samples", "duplicate_frames", "future_samples", "dead_letters",
+            "fleet_peer_errors", "store_rewrites", "windows_closed", "frames")
+"""The counters a failed comparison reports per instance: what each one dropped, skipped
+or rewrote is what tells a lost window's cause apart."""
+
+
+def _counters(ports: list[int]) -> list[dict[str, float]]:
+    out = []
+    for m in (_metrics(p) for p in ports):
+        out.append({name: sum(v for k, v in m.items()
+                              if k.startswith(f"fleetpulse_aggregator_{name}"))
+                    for name in COUNTERS})
+    return out
+
+
+def _differences(got: Points, want: Points) -> dict[str, Any]:
+    """Where two sets of points differ, summed up for a failure message: how many series
+    per tier, which racks, and per tier the timestamps only one side has or where the
+    values differ (the first few)."""
+    bad = [k for k in want.keys() | got.keys() if got.get(k) != want.get(k)]
+    tiers: Counter[str] = Counter(name for name, _ in bad)
+    racks = sorted({dict(labels).get("rack", "-") for _, labels in bad})
+    stamps: dict[str, Counter[str]] = {}
+    for name, labels in bad:
+        g, w = dict(got.get((name, labels), [])), dict(want.get((name, labels), []))
+        c = stamps.setdefault(name, Counter())
+        for t in sorted(g.keys() | w.keys()):
+            if t not in g:
+                c[f"{t} missing"] += 1
+            elif t not in w:
+                c[f"{t} extra"] += 1
+            elif g[t] != w[t]:
+                c[f"{t} differs"] += 1
+    return {"series": len(bad), "by_tier": dict(tiers), "racks": racks,
+            "stamps": {k: v.most_common(4) for k, v in stamps.items()}}
+
+
 def _chosen(points: dict[tuple[str, tuple[tuple[str, str], ...]], list[Any]]) -> Points:
     """The reference's points as :func:`_through_prometheus` reads them: every series of
     every tier, less the query API's NaN points (remote read sends no sample for a step
@@ -457,6 +494,7 @@ async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_insta
         prom_got = await _through_prometheus(tmp_path, ports)
         prom_s = time.monotonic() - prom_s
         fleet_metrics = _metrics(ports[0])
+        counters = await asyncio.to_thread(_counters, [*ports, ref_port])
         alerts = await _alerts(transport, hit)
     finally:
         for p in everyone:  # every one stopped, and a failure above is not hidden by this
@@ -478,7 +516,9 @@ async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_insta
     assert all(n > 0 for n in points.values()) and len(points) == len(TIERS) + 2, points
     assert got.keys() == want.keys(), (len(got), len(want), sorted(want.keys() - got.keys())[:3])
     bad = [k for k in want if got[k] != want[k]]
-    assert not bad, (len(bad), bad[:2], got[bad[0]][:4], want[bad[0]][:4])
+    assert not bad, (_differences({k: _exact(v) for k, v in got.items()},
+                                  {k: _exact(v) for k, v in want.items()}),
+                     "counters (agg-0, agg-1, agg-2, reference):", counters)
     assert len(heat_want) == 2 * RACKS * GPUS and heat_got == heat_want, (
         len(heat_got), len(heat_want), sorted(heat_got.items() ^ heat_want.items())[:2])
     prom_want = _chosen(want)
@@ -491,8 +531,8 @@ async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_insta
     assert all(n > 0 for n in prom_points.values()) and len(racks) == RACKS, prom_points
     assert prom_got.keys() == prom_want.keys(), (
         len(prom_got), len(prom_want), sorted(prom_want.keys() ^ prom_got.keys())[:3])
-    bad = [k for k in prom_want if prom_got[k] != prom_want[k]]
-    assert not bad, (len(bad), bad[:2], prom_got[bad[0]][:4], prom_want[bad[0]][:4])
+    assert prom_got == prom_want, (_differences(prom_got, prom_want),
+                                   "counters (agg-0, agg-1, agg-2, reference):", counters)
     assert fleet_metrics["fleetpulse_aggregator_fleet_conflicts_total"] == 0
     transitions = Counter((a.id, a.state.value) for a in alerts if a.source != LAG_SOURCE)
     twice = [(a.source, a.entity, a.state.value, a.started_ms, a.updated_ms, a.score)
