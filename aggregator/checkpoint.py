@@ -34,6 +34,15 @@ class PartitionCheckpoint:
     downsampled: dict[str, int] = field(default_factory=dict)
     """tier -> end of the last window derived from the tier below."""
     extra: dict[str, Any] = field(default_factory=dict)
+    replay_watermark: int | None = None
+    """The watermark just before the message at ``resume_offset``: a replay starts from it
+    and raises it message by message as the run did, so each replayed sample is judged
+    late or on time as it was then (``watermark`` is where the run had got to, later)."""
+    closed_through: int | None = None
+    """Windows starting at or before this were closed (written) by the run, and a replay
+    never opens them again; the windows after it were still open, also those that were
+    due but left for a later batch by the close budget. None: a checkpoint written before
+    these two fields, whose replay judges by ``watermark``."""
 
 
 def checkpoint_bytes(ckpt: PartitionCheckpoint) -> bytes:
@@ -42,6 +51,9 @@ def checkpoint_bytes(ckpt: PartitionCheckpoint) -> bytes:
         "topic": ckpt.topic, "partition": ckpt.partition, "resume_offset": ckpt.resume_offset,
         "position": ckpt.position, "watermark": ckpt.watermark, "dedup": ckpt.dedup,
         "counters": ckpt.counters, "downsampled": ckpt.downsampled, "extra": ckpt.extra,
+        **({"replay_watermark": ckpt.replay_watermark}
+           if ckpt.replay_watermark is not None else {}),
+        **({"closed_through": ckpt.closed_through} if ckpt.closed_through is not None else {}),
     }, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
@@ -54,4 +66,10 @@ def checkpoint_from_bytes(data: bytes) -> PartitionCheckpoint:
         watermark=int(obj["watermark"]), dedup=obj.get("dedup", {}),
         counters=obj.get("counters", {}), downsampled=obj.get("downsampled", {}),
         extra=obj.get("extra", {}),
+        replay_watermark=_int_or_none(obj.get("replay_watermark")),
+        closed_through=_int_or_none(obj.get("closed_through")),
     )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)

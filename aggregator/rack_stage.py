@@ -100,6 +100,12 @@ class _Part:
     watermark: int = _NEG_INF
     open: dict[int, int] = field(default_factory=dict)
     """window start -> first offset feeding it."""
+    opened_wm: dict[int, int] = field(default_factory=dict)
+    """window start -> the watermark just before the message that opened it (the replay
+    watermark of a checkpoint whose resume offset is that message)."""
+    closed_through: int = _NEG_INF
+    """Every window starting at or before this is closed (the limit of the last close):
+    a replayed sample never opens one of them again."""
     position: int = 0
     raw_through: int = 0
     dedup: SeqDeduper = field(default_factory=SeqDeduper)
@@ -197,7 +203,14 @@ class RackStage:
         """Take a partition; returns the offset to read from (None -> committed)."""
         part = _Part()
         if ckpt is not None:
-            part.watermark = ckpt.watermark
+            # From the watermark at the resume offset, not the one at the checkpoint: a
+            # window that was due but left open by the close budget is rebuilt by the
+            # replay and closed, where judged by the later watermark its samples would
+            # look late and the window would be lost.
+            part.watermark = (ckpt.watermark if ckpt.replay_watermark is None
+                              else ckpt.replay_watermark)
+            if ckpt.closed_through is not None:
+                part.closed_through = ckpt.closed_through
             part.position = ckpt.resume_offset
             part.raw_through = ckpt.position
             part.dedup = SeqDeduper.from_json(ckpt.dedup)
@@ -279,9 +292,10 @@ class RackStage:
             if len(self.topo.gpu_key) > self.pool.cap_gpus:
                 self.pool.ensure_gpus(len(self.topo.gpu_key))
             ts_list = fr.ts.tolist()
-            wm = max(part.watermark, ts_list[-1])
+            before = part.watermark
+            wm = max(before, ts_list[-1])
             part.watermark = wm
-            limit = wm - width - late
+            limit = max(wm - width - late, part.closed_through)
             touched.add(msg.partition)
             noted = (gslots.tobytes(), cols.tobytes())
             if noted not in self._noted:
@@ -291,7 +305,9 @@ class RackStage:
                 start = tsv - tsv % width
                 if start > limit:
                     ticks_pool.append(self.pool.slot(start))
-                    part.open.setdefault(start, msg.offset)
+                    if start not in part.open:
+                        part.open[start] = msg.offset
+                        part.opened_wm[start] = before
                 else:
                     ticks_pool.append(-1)
                     if msg.offset >= part.raw_through:  # a replayed one was seen before
@@ -473,9 +489,11 @@ class RackStage:
             part.done.setdefault("base", start)
             out.extend(self._close(partition, part, start))
             del part.open[start]
+            part.opened_wm.pop(start, None)
             if not any(start in p.open for p in self.parts.values()):
                 self.pool.release(start)
             self.stats.windows_closed += 1
+        part.closed_through = max(part.closed_through, limit)
         return out
 
     def _close(self, partition: int, part: _Part, start: int) -> list[RollupFrame]:
@@ -582,10 +600,21 @@ class RackStage:
         return PartitionCheckpoint(
             topic=self.topic, partition=partition, resume_offset=part.resume,
             position=part.position, watermark=part.watermark, dedup=part.dedup.to_json(),
+            replay_watermark=self._replay_watermark(part), closed_through=part.closed_through
+            if part.closed_through != _NEG_INF else None,
             counters=counters, downsampled=dict(part.done),
             extra={"sketch_relative_accuracy": RELATIVE_ACCURACY,
                    "chain": (part.chain.export(self.index) if part.chain is not None
                              else part.chain_state)})
+
+    @staticmethod
+    def _replay_watermark(part: _Part) -> int:
+        """The watermark before the message at the resume offset (the oldest open window's
+        first one; with none open, the resume offset is the position)."""
+        if not part.open:
+            return part.watermark
+        first = min(part.open, key=lambda s: part.open[s])
+        return part.opened_wm.get(first, part.watermark)
 
     def open_windows(self) -> int:
         return sum(len(p.open) for p in self.parts.values())
