@@ -42,9 +42,10 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              or, needing no thermal model, for ``stuck_after_s`` while the
                              GPU had run its node peers' load (power within a fifth, else
                              utilisation within 15 points) for ``rest_settle_s`` when it froze
-                             and runs it now, and the peers' median reading has moved
-                             ``stuck_predicted_c`` since: dies of one node under one load move
-                             together.
+                             and runs it now, the peers' median reading had then held within
+                             half of ``stuck_predicted_c`` for ``rest_settle_s`` (their dies
+                             had settled), and it has moved ``stuck_predicted_c`` since: dies
+                             of one node under one load move together.
                              A sensor is one GPU's part: when the whole node holds its
                              readings, the node is steady or the models misjudge its loop.
                              Judged by the GPU's own response, its own sensor and its peers,
@@ -237,7 +238,7 @@ class RuleBook:
     ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
               "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus", "stuck_kmin", "stuck_kmax", "stuck_err",
               "stuck_swung_ms", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
-              "stuck_like_ms",
+              "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms",
               "run_max_s", "runs_n", "excess_since_ms", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_hot_since_ms",
               "deficit_evidence_s",
@@ -281,6 +282,11 @@ class RuleBook:
         not (0)."""
         self.stuck_like_ms = np.zeros(0, dtype=np.int64)
         """Since when the GPU has run its node peers' load (0: it does not)."""
+        self.stuck_pm_ref = np.zeros(0)
+        """The node peers' median reading when it last moved off its value (see below) ..."""
+        self.stuck_pm_ms = np.zeros(0, dtype=np.int64)
+        """... and since when it has stayed within half of ``stuck_predicted_c`` of it (0: no
+        median)."""
         self.stuck_peer_ms = np.zeros(0, dtype=np.int64)
         """Since when, in the current freeze, the node's median has stood ``bar`` off where
         it was while this GPU ran its peers' load (0: not)."""
@@ -452,8 +458,9 @@ class RuleBook:
                          & (frozen_s >= 10.0 * self.run_max_s[ids, band]))
         # Or unlike its node peers, with no thermal model needed: it had run its peers'
         # load for ``rest_settle_s`` when the reading froze (so its die sat where theirs
-        # did, not cooling from a job they had not run) and runs it now, and the peers'
-        # median has moved ``bar`` or more since, for ``stuck_after_s``. Dies of one node
+        # did, not cooling from a job they had not run), their median had settled then,
+        # it runs their load now, and their median has moved ``bar`` or more since, for
+        # ``stuck_after_s``. Dies of one node
         # under one load share the inlet and the cooling, so they move together; one
         # reading that stays behind is its sensor. (The thermal model cannot judge a power
         # it has not learned: a sensor frozen at its idle value when a job starts is only
@@ -463,12 +470,25 @@ class RuleBook:
         self.stuck_like_ms[ids] = like_since
         settled_like = like & (ts_ms - like_since >= p.rest_settle_s * 1000)
         peer_med = _peer_median(temp, ctx.node, has_temp)
+        # The peers' median as a settled value: a node whose jobs just changed holds dies
+        # still cooling down or heating up, and its median falls between them, away from
+        # where this die sat, then moves onto it as they settle. (A held-out soak paged on
+        # two idle GPUs that way: their peers had run its load, but not for long enough.)
+        pm_ref = self.stuck_pm_ref[ids]
+        pm_on = (self.stuck_pm_ms[ids] > 0) & (
+            np.abs(peer_med - pm_ref) <= 0.5 * p.stuck_predicted_c)
+        pm_since = np.where(pm_on, self.stuck_pm_ms[ids],
+                            np.where(np.isfinite(peer_med), ts_ms, 0))
+        self.stuck_pm_ref[ids] = np.where(pm_on, pm_ref, peer_med)
+        self.stuck_pm_ms[ids] = pm_since
+        peers_settled = (pm_since > 0) & (ts_ms - pm_since >= p.rest_settle_s * 1000)
         base = held & (self.stuck_base_ms[ids] > 0)
         fresh = has_temp & ~held
         self.stuck_base_ms[ids] = np.where(
             fresh, np.where(np.isfinite(peer_med), ts_ms, 0), self.stuck_base_ms[ids])
         self.stuck_peer0[ids] = np.where(fresh, peer_med, self.stuck_peer0[ids])
-        self.stuck_load0[ids] = np.where(fresh, settled_like, self.stuck_load0[ids])
+        self.stuck_load0[ids] = np.where(fresh, settled_like & peers_settled,
+                                         self.stuck_load0[ids])
         moved = np.abs(peer_med - self.stuck_peer0[ids])
         apart = (base & like & (self.stuck_load0[ids] > 0) & np.isfinite(moved)
                  & (moved >= np.maximum(p.stuck_predicted_c, 4.0 * self.stuck_err[ids])))

@@ -93,3 +93,22 @@ def test_a_die_that_settled_before_its_peers_cool_down_onto_it_is_not_stuck() ->
     data[1100:, 3, temp] = data[1100, 3, temp]
     got = _alerts(data)
     assert [a for a in got if a[0] == "rule:temperature_stuck"] == [], got
+
+
+def test_a_reading_held_while_its_peers_were_still_settling_is_not_stuck() -> None:
+    # As a held-out soak fleet paged twice: node 0 trains from step 300; at 1200 six of its
+    # GPUs stop (GPU 3 among them: its die settles at idle, where a sensor with no noise
+    # holds one value), GPUs 6 and 7 a little later, as GPUs 0-2 start the next job. When
+    # GPU 3's reading stopped changing the node's median was warm with dies that were
+    # still cooling down or heating up, not where GPU 3's die sat; it falls back onto GPU
+    # 3's reading as they settle. GPU 3 ran its peers' (idle) load all along, but their
+    # median moving off the reading says nothing of its sensor.
+    busy = np.zeros((STEPS, 2 * PER_NODE), dtype=bool)
+    busy[300:1200, :PER_NODE] = True
+    busy[1200:1300, 6:PER_NODE] = True
+    busy[1320:, :3] = True
+    data = _node_data(seed=3, busy=busy)
+    temp = COL["temperature_celsius"]
+    data[1335:, 3, temp] = data[1335, 3, temp]
+    got = _alerts(data)
+    assert [a for a in got if a[0] == "rule:temperature_stuck"] == [], got
