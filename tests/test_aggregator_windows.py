@@ -200,6 +200,30 @@ def _dump(store, index, tier="10s"):
     return out
 
 
+def _checkpoint_all(tmp_path, st, store, index):
+    """A durable cycle: the index and the store flushed, then every partition's checkpoint."""
+    index.flush()
+    store.flush()
+    for p in list(st.parts):
+        save_checkpoint(tmp_path / "state", st.checkpoint(p))
+
+
+def _restart(tmp_path, name, store, index):
+    """The process gone (nothing more flushed) and a new stage on the same directories,
+    assigned both partitions from their checkpoints."""
+    _OPEN.remove(store)
+    _OPEN.remove(index)
+    store.close()
+    index.close()
+    st2, store2, index2 = _stage(tmp_path, name)
+    for p in (0, 1):
+        ck = load_checkpoint(tmp_path / "state", "t.samples", p)
+        assert ck is not None
+        start = st2.assign(p, ck)
+        assert start <= ck.position
+    return st2, store2, index2
+
+
 def test_replay_from_checkpoint_is_bit_identical(tmp_path):
     """Crash after a checkpoint: replaying from the resume offset rebuilds the same bits."""
     fl = make_fleet(seconds=90, ticks_per_frame=1)
@@ -209,23 +233,11 @@ def test_replay_from_checkpoint_is_bit_identical(tmp_path):
     cut = len(fl.messages) * 2 // 3
     st.process(fl.messages[:cut // 2])
     st.process(fl.messages[cut // 2:cut])
-    index.flush()
-    store.flush()
-    for p in list(st.parts):
-        save_checkpoint(tmp_path / "state", st.checkpoint(p))
+    _checkpoint_all(tmp_path, st, store, index)
     # more work after the checkpoint that is lost with the process (not flushed)
     st.process(fl.messages[cut:cut + 10])
-    _OPEN.remove(store)
-    _OPEN.remove(index)
-    store.close()
-    index.close()
     # restart: new stage, same directories, replay from each resume offset
-    st2, store2, index2 = _stage(tmp_path, "crash")
-    for p in (0, 1):
-        ck = load_checkpoint(tmp_path / "state", "t.samples", p)
-        assert ck is not None
-        start = st2.assign(p, ck)
-        assert start <= ck.position
+    st2, store2, index2 = _restart(tmp_path, "crash", store, index)
     by_part = {p: [m for m in fl.messages if m.partition == p] for p in (0, 1)}
     replay = [m for p in (0, 1) for m in by_part[p] if m.offset >= st2.parts[p].position]
     replay.sort(key=lambda m: fl.messages.index(m))
@@ -286,20 +298,9 @@ def test_replay_rebuilds_a_window_that_was_due_but_left_open(tmp_path, monkeypat
     monkeypatch.setattr(rack_stage, "CLOSE_BUDGET_S", -1.0)  # no time left to close
     st.process(fl.messages[cut - 40 if closed_first else 0:cut])
     assert st.pending_close()
-    index.flush()
-    store.flush()
-    for p in list(st.parts):
-        save_checkpoint(tmp_path / "state", st.checkpoint(p))
+    _checkpoint_all(tmp_path, st, store, index)
     monkeypatch.setattr(rack_stage, "CLOSE_BUDGET_S", 0.5)
-    _OPEN.remove(store)
-    _OPEN.remove(index)
-    store.close()
-    index.close()
-    st2, store2, index2 = _stage(tmp_path, "moved")
-    for p in (0, 1):
-        ck = load_checkpoint(tmp_path / "state", "t.samples", p)
-        assert ck is not None
-        st2.assign(p, ck)
+    st2, store2, index2 = _restart(tmp_path, "moved", store, index)
     replay = [m for m in fl.messages if m.offset >= st2.parts[m.partition].position]
     st2.process(replay)
     assert st2.stats.replayed > 0
