@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pprint
 import signal
 import socket
 import subprocess
@@ -371,10 +372,11 @@ def _counters(ports: list[int]) -> list[dict[str, float]]:
     return out
 
 
-def _differences(got: Points, want: Points) -> dict[str, Any]:
+def _differences(got: Points, want: Points, counters: list[dict[str, float]]) -> str:
     """Where two sets of points differ, summed up for a failure message: how many series
-    per tier, which racks, and per tier the timestamps only one side has or where the
-    values differ (the first few)."""
+    per tier, which racks, per tier the timestamps only one side has or where the values
+    differ (the first few), and each instance's counters (agg-0, agg-1, agg-2, the
+    reference). A string, so that pytest prints all of it."""
     bad = [k for k in want.keys() | got.keys() if got.get(k) != want.get(k)]
     tiers: Counter[str] = Counter(name for name, _ in bad)
     racks = sorted({dict(labels).get("rack", "-") for _, labels in bad})
@@ -389,8 +391,9 @@ def _differences(got: Points, want: Points) -> dict[str, Any]:
                 c[f"{t} extra"] += 1
             elif g[t] != w[t]:
                 c[f"{t} differs"] += 1
-    return {"series": len(bad), "by_tier": dict(tiers), "racks": racks,
-            "stamps": {k: v.most_common(4) for k, v in stamps.items()}}
+    return pprint.pformat({"series": len(bad), "by_tier": dict(tiers), "racks": racks,
+                           "stamps": {k: v.most_common(4) for k, v in stamps.items()},
+                           "counters": counters}, width=100)
 
 
 def _chosen(points: dict[tuple[str, tuple[tuple[str, str], ...]], list[Any]]) -> Points:
@@ -516,9 +519,8 @@ async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_insta
     assert all(n > 0 for n in points.values()) and len(points) == len(TIERS) + 2, points
     assert got.keys() == want.keys(), (len(got), len(want), sorted(want.keys() - got.keys())[:3])
     bad = [k for k in want if got[k] != want[k]]
-    assert not bad, (_differences({k: _exact(v) for k, v in got.items()},
-                                  {k: _exact(v) for k, v in want.items()}),
-                     "counters (agg-0, agg-1, agg-2, reference):", counters)
+    assert not bad, _differences({k: _exact(v) for k, v in got.items()},
+                                 {k: _exact(v) for k, v in want.items()}, counters)
     assert len(heat_want) == 2 * RACKS * GPUS and heat_got == heat_want, (
         len(heat_got), len(heat_want), sorted(heat_got.items() ^ heat_want.items())[:2])
     prom_want = _chosen(want)
@@ -531,8 +533,7 @@ async def test_three_aggregators_two_detectors_kill_9_and_rejoin_equal_one_insta
     assert all(n > 0 for n in prom_points.values()) and len(racks) == RACKS, prom_points
     assert prom_got.keys() == prom_want.keys(), (
         len(prom_got), len(prom_want), sorted(prom_want.keys() ^ prom_got.keys())[:3])
-    assert prom_got == prom_want, (_differences(prom_got, prom_want),
-                                   "counters (agg-0, agg-1, agg-2, reference):", counters)
+    assert prom_got == prom_want, _differences(prom_got, prom_want, counters)
     assert fleet_metrics["fleetpulse_aggregator_fleet_conflicts_total"] == 0
     transitions = Counter((a.id, a.state.value) for a in alerts if a.source != LAG_SOURCE)
     twice = [(a.source, a.entity, a.state.value, a.started_ms, a.updated_ms, a.score)
