@@ -127,8 +127,9 @@ def main(argv: list[str], base: argparse.Namespace) -> int:
                         help="run only these (seeds or names, comma-separated), as split 'chosen'")
     parser.add_argument("--zoo-gpus", type=int, default=64)
     parser.add_argument("--zoo-heldout-from", type=int, default=0,
-                        help="index of the first held-out draw: a draw whose misses someone "
-                        "has studied is tuning data in all but name, so report on the next")
+                        help="index (not seed) of the first held-out draw: a draw whose misses "
+                        "someone has studied is tuning data in all but name, so report on the "
+                        "next")
     parser.add_argument("--zoo-duration", type=float, default=7200.0, help="seconds")
     parser.add_argument("--zoo-faults", type=int, default=12)
     parser.add_argument("--zoo-max-hz", type=float, default=2.0,
@@ -153,6 +154,14 @@ def main(argv: list[str], base: argparse.Namespace) -> int:
         if bad:
             parser.error(f"--zoo-splits: unknown {sorted(bad)}; choose from {SPLITS}")
         plan = {s: profiles_of(s, args.zoo_count, args.zoo_heldout_from) for s in splits}
+        short = {s: len(p) for s, p in plan.items() if len(p) < args.zoo_count}
+        if short:
+            from agent.fleet.zoo import ZOO_HELDOUT_SEEDS
+
+            parser.error(f"only {short} of the {args.zoo_count} profiles asked for: "
+                         f"--zoo-heldout-from is an index into the {len(ZOO_HELDOUT_SEEDS)} "
+                         f"held-out draws (seeds {ZOO_HELDOUT_SEEDS[0]}-"
+                         f"{ZOO_HELDOUT_SEEDS[-1]}), not a seed")
 
     per_profile: dict[str, list[dict[str, Any]]] = {}
     for split, specs in plan.items():

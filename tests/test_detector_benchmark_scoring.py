@@ -120,3 +120,16 @@ def test_soak_runs_parts_in_workers_and_resumes(tmp_path: Path) -> None:
     again = json.loads(out.read_text())
     assert again["parts"][:2] == first["parts"]  # kept, not rerun
     assert [p["part"] for p in again["parts"]] == [0, 1, 2]
+
+
+def test_zoo_refuses_a_held_out_start_past_the_draws(capsys: pytest.CaptureFixture[str],
+                                                     tmp_path: Path) -> None:
+    """``--zoo-heldout-from`` takes an index; a seed there once selected no held-out draw and
+    the run reported the tuning split alone, as if that were the whole result."""
+    from benchmarks.detection import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--zoo", "--zoo-splits", "heldout", "--zoo-heldout-from", "1018",
+              "--out", str(tmp_path / "zoo.json")])
+    assert exc.value.code == 2
+    assert "an index into the" in capsys.readouterr().err
