@@ -71,12 +71,15 @@ NO_MEMORY_TEMPERATURE: Final = ("fleetpulse_gpu_memory_temperature_celsius",)
 
 ZOO_TUNING_SEEDS: Final = tuple(range(12))
 """Draws to choose thresholds and settings on."""
-ZOO_HELDOUT_SEEDS: Final = tuple(range(1000, 1024))
+ZOO_HELDOUT_SEEDS: Final = tuple(range(1000, 1048))
 """Draws the settings never saw: same ranges, other seeds; report these separately. A draw
 whose misses or false pages someone has studied is tuning data in all but name, so the
-detection benchmark reports on the draws after it (``--zoo-heldout-from``): draws 1000-1005
-were studied in the stop that added the rest path, 1006-1011 in the next (the node-peer
-stuck path), so the held-out report starts at index 12 (draw 1012)."""
+detection benchmark reports on the draws after it (``--zoo-heldout-from``, an index): draws
+1000-1005 were studied in the stop that added the rest path, 1006-1011 and 1012-1017 in the
+next (the node-peer stuck path), 1018-1023 after the peer path waited for a settled median,
+so the next held-out report starts at index 24 (draw 1024). The soak's parts take the draws
+from the first (``benchmarks.detection_soak``): healthy fleets, where only false pages
+count."""
 
 
 @dataclass(frozen=True, slots=True)
