@@ -477,8 +477,8 @@ class RuleBook:
         pm_ref = self.stuck_pm_ref[ids]
         pm_on = (self.stuck_pm_ms[ids] > 0) & (
             np.abs(peer_med - pm_ref) <= 0.5 * p.stuck_predicted_c)
-        pm_since = np.where(pm_on, self.stuck_pm_ms[ids],
-                            np.where(np.isfinite(peer_med), ts_ms, 0))
+        pm_since = held_since(np.where(pm_on, self.stuck_pm_ms[ids], 0),
+                              np.isfinite(peer_med), ts_ms)
         self.stuck_pm_ref[ids] = np.where(pm_on, pm_ref, peer_med)
         self.stuck_pm_ms[ids] = pm_since
         peers_settled = (pm_since > 0) & (ts_ms - pm_since >= p.rest_settle_s * 1000)
