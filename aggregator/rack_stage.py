@@ -489,7 +489,7 @@ class RackStage:
             part.done.setdefault("base", start)
             out.extend(self._close(partition, part, start))
             del part.open[start]
-            part.opened_wm.pop(start, None)
+            del part.opened_wm[start]
             if not any(start in p.open for p in self.parts.values()):
                 self.pool.release(start)
             self.stats.windows_closed += 1
@@ -600,8 +600,7 @@ class RackStage:
         return PartitionCheckpoint(
             topic=self.topic, partition=partition, resume_offset=part.resume,
             position=part.position, watermark=part.watermark, dedup=part.dedup.to_json(),
-            replay_watermark=self._replay_watermark(part), closed_through=part.closed_through
-            if part.closed_through != _NEG_INF else None,
+            replay_watermark=self._replay_watermark(part), closed_through=part.closed_through,
             counters=counters, downsampled=dict(part.done),
             extra={"sketch_relative_accuracy": RELATIVE_ACCURACY,
                    "chain": (part.chain.export(self.index) if part.chain is not None
@@ -614,7 +613,7 @@ class RackStage:
         if not part.open:
             return part.watermark
         first = min(part.open, key=lambda s: part.open[s])
-        return part.opened_wm.get(first, part.watermark)
+        return part.opened_wm[first]
 
     def open_windows(self) -> int:
         return sum(len(p.open) for p in self.parts.values())
