@@ -158,10 +158,11 @@ def main(argv: list[str], base: argparse.Namespace) -> int:
         if short:
             from agent.fleet.zoo import ZOO_HELDOUT_SEEDS
 
-            parser.error(f"only {short} of the {args.zoo_count} profiles asked for: "
-                         f"--zoo-heldout-from is an index into the {len(ZOO_HELDOUT_SEEDS)} "
-                         f"held-out draws (seeds {ZOO_HELDOUT_SEEDS[0]}-"
-                         f"{ZOO_HELDOUT_SEEDS[-1]}), not a seed")
+            parser.error(f"--zoo-count {args.zoo_count}: split(s) {short} have fewer draws"
+                         + (f"; --zoo-heldout-from is an index into the "
+                            f"{len(ZOO_HELDOUT_SEEDS)} held-out draws (seeds "
+                            f"{ZOO_HELDOUT_SEEDS[0]}-{ZOO_HELDOUT_SEEDS[-1]}), not a seed"
+                            if "heldout" in short else ""))
 
     per_profile: dict[str, list[dict[str, Any]]] = {}
     for split, specs in plan.items():

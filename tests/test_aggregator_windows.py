@@ -291,7 +291,7 @@ def test_replay_rebuilds_a_window_that_was_due_but_left_open(tmp_path, monkeypat
     _ref_stage, ref_store, ref_index = _run_all(tmp_path, "ref", fl)
 
     st, store, index = _stage(tmp_path, "moved")
-    cut = len(fl.messages) // (2 + 2 * (1 - closed_first))
+    cut = len(fl.messages) // (2 if closed_first else 4)
     if closed_first:
         st.process(fl.messages[:cut - 40])
         assert st.stats.windows_closed > 0
