@@ -29,6 +29,11 @@ __all__ = [
 class ModelConfig:
     """The per-GPU forest and its threshold."""
 
+    enabled: bool = True
+    """False runs no per-GPU forest: no model steps and no model signals, while the health
+    rules, job peers and the rack model run as always. The forests page nobody by default
+    (``alerts.model_severity = "info"``) and cost most of a GPU-step, so a site short of
+    cores keeps every page this way; the soak benchmark measures false pages so."""
     engine: str = ""
     """Forest engine name (``detector.engines.ENGINE_NAMES``); empty means the default."""
     step_s: float = 1.0

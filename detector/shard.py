@@ -334,7 +334,7 @@ class DetectorShard:
         thr = np.zeros(len(vi))
         if shed:
             self.skipped_steps += len(vi)
-        else:
+        elif self.config.model.enabled:
             self.gpu_steps += len(vi)
             res = self.gpu_bank.step(
                 vids, feats[vi], ts,

@@ -122,6 +122,28 @@ def test_soak_runs_parts_in_workers_and_resumes(tmp_path: Path) -> None:
     assert [p["part"] for p in again["parts"]] == [0, 1, 2]
 
 
+def test_soak_starts_at_the_draw_asked_and_resumes_only_the_same_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--draws-from`` keeps a soak off the draws already studied; a resume that would
+    mix parts of another start, split or mode into one figure is refused."""
+    from agent.fleet.zoo import ZOO_TUNING_SEEDS, draw_profile
+
+    out = tmp_path / "soak.json"
+    common = ["--split", "tuning", "--gpus", "8", "--hours", "0.2", "--out", str(out)]
+    last = len(ZOO_TUNING_SEEDS) - 1
+    assert detection_soak.main(["--parts", "2", "--draws-from", str(last), "--pages-only",
+                                *common]) == 0
+    run = json.loads(out.read_text())
+    # The last draw, then round to the first (on another fleet seed).
+    assert [p["profile"] for p in run["parts"]] == [
+        draw_profile(ZOO_TUNING_SEEDS[last]).name, draw_profile(ZOO_TUNING_SEEDS[0]).name]
+    assert run["summary"]["draws_from"] == last and run["summary"]["pages_only"] is True
+    with pytest.raises(SystemExit):
+        detection_soak.main(["--parts", "3", "--resume", "--pages-only", *common])
+    assert "was run with" in capsys.readouterr().err
+    assert json.loads(out.read_text()) == run  # left as it was
+
+
 def test_zoo_refuses_a_held_out_start_past_the_draws(capsys: pytest.CaptureFixture[str],
                                                      tmp_path: Path) -> None:
     """``--zoo-heldout-from`` takes an index; a seed there once selected no held-out draw and

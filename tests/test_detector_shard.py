@@ -3,11 +3,14 @@ rack alerts, and checkpoints that restore to identical behaviour."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pytest
 from test_detector_support import healthy, small_config, timestamps
 
 from detector.checkpoint import CheckpointError, restore_shard, shard_bytes
-from detector.config import AlertConfig
+from detector.config import AlertConfig, DetectorConfig, ModelConfig
 from detector.features import COL
 from detector.shard import DetectorShard, StepTrace
 from schemas.records import AlertRecord, AlertState, Severity
@@ -155,3 +158,32 @@ def test_rack_heat_rule_fires_when_every_gpu_runs_hotter_than_its_model() -> Non
     # 4 degC is reached half way up the ramp (1950), then held 60 s.
     assert 1990 <= (heat[0].started_ms - timestamps(1)[0]) // 1000 <= 2100
     assert not [a for a in alerts if a.source == "rule:thermal_excess"]
+
+
+@pytest.mark.slow
+def test_turning_the_forests_off_changes_no_page() -> None:
+    """Pages come from the health rules, job peers and the rack heat rule; the per-GPU
+    forests only signal by default (``alerts.model_severity = "info"``). So
+    ``model.enabled = false`` must leave every page exactly as it was: that is what lets
+    the soak benchmark count false pages at a fraction of the cost, and a site short of
+    cores drop the forests. A fleet with faults of every kind, so there are pages to
+    compare, and forests set to signal readily (a low threshold, a short cold start, no
+    node veto or cooldown to speak of), so their episodes are many."""
+    from agent.fleet.export import generate_zoo
+    from benchmarks.detection import fleet_from_data, pages, run_detector, signals
+
+    _, data = generate_zoo(5, 48, 2400.0, 9, hz=1.0)
+    fleet = fleet_from_data(data, "zoo-5")
+    eager = DetectorConfig(model=ModelConfig(z=2.0, floor=1.0, warmup=120),
+                           alerts=AlertConfig(open_after=1, cooldown_s=60.0, node_veto=1.0))
+    on, _, _, shard_on = run_detector(fleet, eager, "numba")
+    off, _, _, shard_off = run_detector(
+        fleet, dataclasses.replace(eager, model=dataclasses.replace(eager.model, enabled=False)),
+        "numba")
+    assert shard_on.gpu_steps > 0 and shard_off.gpu_steps == 0
+    assert shard_off.skipped_steps == 0  # off is not shed: nothing is behind
+    assert len(pages(on)) >= 4, "the fleet's faults raised too few pages to compare"
+    assert pages(off) == pages(on)
+    gpu_signals = [a for a in signals(on) if a.level == "gpu"]
+    assert len(gpu_signals) >= 10, "the forests signalled too little to show anything"
+    assert not [a for a in signals(off) if a.level == "gpu"]
