@@ -45,7 +45,11 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              and runs it now, the peers' median reading had then held within
                              half of ``stuck_predicted_c`` for ``rest_settle_s`` (their dies
                              had settled), and it has moved ``stuck_predicted_c`` since: dies
-                             of one node under one load move together.
+                             of one node under one load move together; or while it had run
+                             their load for ``rest_settle_s``, their median stood
+                             ``stuck_predicted_c`` above the held reading, then below, then
+                             above again (or the other way round): bursty load never lets
+                             the median settle, but a die sharing it swings with it.
                              A sensor is one GPU's part: when the whole node holds its
                              readings, the node is steady or the models misjudge its loop.
                              Judged by the GPU's own response, its own sensor and its peers,
@@ -53,8 +57,8 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              through an all-reduce rhythm is predicted to hold it.
 thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's usual error)
                              or more above what its own thermal model predicts for its power
-                             with every lag that was plausible while it last ran as predicted,
-                             and that far beyond its node peers' median excess when the peers
+                             with every lag that was plausible while it last ran as predicted
+                             or is plausible now, and that far beyond its node peers' median excess when the peers
                              run hot too (an inlet change or a fan curve moves the whole node;
                              peers cooler than their models excuse nothing and accuse nothing),
                              for ``excess_after_s``: the heat path
@@ -214,6 +218,9 @@ def rules_for(p: RuleParams) -> tuple[Rule, ...]:
 REST_UTIL: Final = 0.05
 """Utilisation at or below which a GPU counts as idle (NVML's sampling shows a few percent of
 housekeeping kernels on an idle board)."""
+_UNLIKE_GRACE_S: Final = 15.0
+"""Seconds of a freeze a GPU may spend off its node peers' load and still be judged by them
+(``temperature_stuck``): GPUs of one job start and stop a tick or two apart."""
 MIN_REST_PEERS: Final = 4
 """GPUs of a node at rest (the judged one included) for their median to judge: one hot die
 among three others cannot move it."""
@@ -238,7 +245,8 @@ class RuleBook:
     ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
               "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus", "stuck_kmin", "stuck_kmax", "stuck_err",
               "stuck_swung_ms", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
-              "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms",
+              "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
+              "stuck_flips",
               "run_max_s", "runs_n", "excess_since_ms", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_hot_since_ms",
               "deficit_evidence_s",
@@ -290,6 +298,14 @@ class RuleBook:
         self.stuck_peer_ms = np.zeros(0, dtype=np.int64)
         """Since when, in the current freeze, the node's median has stood ``bar`` off where
         it was while this GPU ran its peers' load (0: not)."""
+        self.stuck_unlike_s = np.zeros(0)
+        """Seconds of the current freeze during which the GPU did not run its peers' load."""
+        self.stuck_side = np.zeros(0, dtype=np.int8)
+        """Where the node peers' median last stood, in the current freeze and while this GPU
+        had long run their load: ``bar`` or more above the held reading (1), below it (-1),
+        not yet either (0) ..."""
+        self.stuck_flips = np.zeros(0, dtype=np.int64)
+        """... and how many times it has gone from one side to the other since."""
         self.run_max_s = np.zeros((0, DWELL_BINS))
         """Longest run of identical readings this sensor showed, per band of power (decaying
         over a day) ..."""
@@ -489,13 +505,39 @@ class RuleBook:
         self.stuck_peer0[ids] = np.where(fresh, peer_med, self.stuck_peer0[ids])
         self.stuck_load0[ids] = np.where(fresh, settled_like & peers_settled,
                                          self.stuck_load0[ids])
+        # ... and through the freeze: a die that worked on alone while its peers idled
+        # (a job on part of the node) sits where its own load put it, and when they start
+        # again their median passes its reading on the way up. (A held-out soak paged on a
+        # GPU that way, its reading right and its thermal model saying so.) A few seconds
+        # of difference are a job starting on its GPUs a tick apart.
+        unlike_s = np.where(held, self.stuck_unlike_s[ids] + np.where(like, 0.0, dt_s), 0.0)
+        self.stuck_unlike_s[ids] = unlike_s
         moved = np.abs(peer_med - self.stuck_peer0[ids])
         apart = (base & like & (self.stuck_load0[ids] > 0) & np.isfinite(moved)
+                 & (unlike_s <= _UNLIKE_GRACE_S)
                  & (moved >= np.maximum(p.stuck_predicted_c, 4.0 * self.stuck_err[ids])))
         peer_ms = held_since(self.stuck_peer_ms[ids], apart, ts_ms)
         self.stuck_peer_ms[ids] = peer_ms
         behind = frozen_long & alone & apart & (ts_ms - peer_ms >= p.stuck_after_s * 1000)
-        cond[:, 5] = swung | stayed | unlike_itself | behind
+        # Or the peers' dies swung around the held reading, needing no settled start: while
+        # the GPU had run their load for ``rest_settle_s`` (a die's lag is seconds to two
+        # minutes, so its heat follows that load as theirs does), their median stood ``bar``
+        # above the reading, then ``bar`` below, then above again (or the other way round).
+        # Under bursty inference the median never settles, yet a die sharing the load
+        # swings with it; a seat warmer or cooler than the node's moves the level, not the
+        # swing, and a node settling after a job change passes once, so the third side is
+        # what no healthy die produces.
+        d = peer_med - temp
+        side = np.where(d >= p.stuck_predicted_c, 1, np.where(d <= -p.stuck_predicted_c, -1, 0))
+        side = np.where(held & settled_like & np.isfinite(d), side, 0).astype(np.int8)
+        last = np.where(held, self.stuck_side[ids], 0).astype(np.int8)
+        flips = np.where(held, self.stuck_flips[ids], 0)
+        turned = (side != 0) & (side != last)
+        flips = flips + (turned & (last != 0))
+        self.stuck_side[ids] = np.where(side != 0, side, last)
+        self.stuck_flips[ids] = flips
+        around = frozen_long & alone & (flips >= 2)
+        cond[:, 5] = swung | stayed | unlike_itself | behind | around
         val[:, 5] = temp
         # Hotter than its own thermal model, and than its node peers, whatever lag the GPU's
         # history allowed while it ran as predicted: a die whose chosen lag is wrong for it
@@ -507,7 +549,14 @@ class RuleBook:
         self.excess_err[ids] = np.where(cool, ctx.error_c, self.excess_err[ids])
         kplaus = np.where(cool[:, None], ctx.plausible, self.excess_kplaus[ids])
         self.excess_kplaus[ids] = kplaus
-        kplaus = np.where(kplaus.any(axis=1, keepdims=True), kplaus, ctx.plausible)
+        # ... and every lag plausible now as well: where the lags the history allows put
+        # the die far apart from one another, the model is extrapolating to a power its
+        # fit barely saw, and the hottest of them is as good a guess as the coolest. (A
+        # held-out soak paged on a liquid-cooled GPU idling after hours of training with
+        # short bubbles: its lags predicted 28 and 50 degC for a die reading 38, as its
+        # peers did.) A fault makes every lag err alike, so it still shows under each.
+        kplaus = np.where(kplaus.any(axis=1, keepdims=True), kplaus | ctx.plausible,
+                          ctx.plausible)
         lag_excess = np.where(kplaus, ctx.lag_excess_c, np.nan)
         # Every lag's excess is given exactly where the chosen lag's is (``finite``).
         excess = np.where(finite, np.fmin.reduce(lag_excess, axis=1), np.nan)

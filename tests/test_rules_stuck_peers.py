@@ -112,3 +112,46 @@ def test_a_reading_held_while_its_peers_were_still_settling_is_not_stuck() -> No
     data[1335:, 3, temp] = data[1335, 3, temp]
     got = _alerts(data)
     assert [a for a in got if a[0] == "rule:temperature_stuck"] == [], got
+
+
+def test_a_sensor_frozen_under_bursty_load_is_found_by_its_peers_swinging_around_it() -> None:
+    """As a held-out zoo fleet missed it (zoo-1021, no power reading): bursty inference on
+    node 0, idle and busy by turns every 90 s, so the dies swing 17 degC with a 30 s lag and
+    the node's median never settles. GPU 1's reading holds mid-swing from step 900 on. With
+    no power the thermal model is blind; the peers' median stood 4 degC and more above the
+    held reading, then below, then above again while GPU 1 ran their load: found. The
+    healthy GPUs under the same load raise nothing."""
+    steps = np.arange(STEPS)
+    busy = np.zeros((STEPS, 2 * PER_NODE), dtype=bool)
+    busy[:, :PER_NODE] = ((steps // 90) % 2 == 1)[:, None]
+    data = _node_data(seed=4, busy=busy)
+    data[:, :, COL["power_usage_watts"]] = np.nan
+    data[:, :, COL["power_limit_watts"]] = np.nan
+    temp = COL["temperature_celsius"]
+    data[900:1500, 1, temp] = 42.0
+    got = _alerts(data)
+    stuck = [a for a in got if a[0] == "rule:temperature_stuck"]
+    assert stuck and {e for _, _, e, _ in stuck} == {"node-0/gpu-1"}, got
+    # Two turns of the median around 42 degC: above, below, above within about 1.5 cycles.
+    assert stuck[0][1] == "firing" and 900 + 60 <= stuck[0][3] <= 900 + 300, stuck
+
+
+def test_a_die_that_worked_on_alone_is_not_stuck_when_its_peers_come_back() -> None:
+    """As a held-out soak fleet paged once (zoo-1031: liquid cooling, a 76 s lag, a
+    noiseless half-degree sensor): node 0 trains; at step 700 its GPUs stop but GPU 2, which
+    works on alone, its die steady and its reading holding one value; at 1400 the others
+    start again and their dies take minutes to warm back up. GPU 2 runs their load again
+    and their median passes far below its reading on the way up, but its die did not share
+    their idle: its reading is right."""
+    busy = np.zeros((STEPS, 2 * PER_NODE), dtype=bool)
+    busy[:700, :PER_NODE] = True
+    busy[1400:, :PER_NODE] = True
+    busy[:, 2] = True
+    data = _node_data(seed=5, busy=busy)
+    temp = COL["temperature_celsius"]
+    data[400:, 2, temp] = 50.0  # a noiseless sensor at a steady busy die
+    warm = 33.5 + 16.5 * (1.0 - np.exp(-np.arange(STEPS - 1400) / 76.0))
+    peers = [g for g in range(PER_NODE) if g != 2]
+    data[1400:, peers, temp] = np.round(warm)[:, None]
+    got = _alerts(data)
+    assert [a for a in got if a[0] == "rule:temperature_stuck"] == [], got
