@@ -16,7 +16,7 @@ import pytest
 
 from agent.fleet.export import generate_zoo
 from benchmarks.detection import fleet_from_data
-from detector.config import DetectorConfig, RackModelConfig
+from detector.config import DetectorConfig, ModelConfig, RackModelConfig
 from detector.rules import RULES
 from detector.shard import DetectorShard
 
@@ -33,8 +33,9 @@ def test_healthy_zoo_fleet_raises_no_rule_alert(name: str) -> None:
     duration = 5400.0 if prof.hz >= 0.5 else 14_400.0
     _, data = generate_zoo(11, 32, duration, 0, profile=prof, hz=min(prof.hz, 1.0))
     fleet = fleet_from_data(data, name)
-    # The rules only: the forests are the benchmark's business (and the slow part).
-    config = DetectorConfig(rack=RackModelConfig(enabled=False))
+    # The rules only: no forests (they page nobody; the benchmark scores them).
+    config = DetectorConfig(model=ModelConfig(enabled=False),
+                            rack=RackModelConfig(enabled=False))
     shard = DetectorShard(config)
     ids, nodes = shard.register(fleet.paths, fleet.rack_paths, fleet.node_paths)
     alerts = shard.process(ids, nodes, fleet.step_ms, fleet.gathered)
@@ -64,7 +65,8 @@ def test_a_die_idling_into_an_unlearned_power_is_not_a_frozen_sensor() -> None:
     data = generate(64, prof.hz, 7200, seed=4, profile=prof, fault_plan=plan)
     fleet = fleet_from_data(data, "zoo-4")
     node0 = slice(0, 8)
-    shard = DetectorShard(DetectorConfig(rack=RackModelConfig(enabled=False)))
+    shard = DetectorShard(DetectorConfig(model=ModelConfig(enabled=False),
+                                         rack=RackModelConfig(enabled=False)))
     ids, nodes = shard.register(fleet.paths[node0], fleet.rack_paths[node0],
                                 fleet.node_paths[node0])
     alerts = shard.process(ids, nodes, fleet.step_ms, fleet.gathered[:, node0])
