@@ -71,15 +71,16 @@ NO_MEMORY_TEMPERATURE: Final = ("fleetpulse_gpu_memory_temperature_celsius",)
 
 ZOO_TUNING_SEEDS: Final = tuple(range(12))
 """Draws to choose thresholds and settings on."""
-ZOO_HELDOUT_SEEDS: Final = tuple(range(1000, 1048))
+ZOO_HELDOUT_SEEDS: Final = tuple(range(1000, 1100))
 """Draws the settings never saw: same ranges, other seeds; report these separately. A draw
 whose misses or false pages someone has studied is tuning data in all but name, so the
 detection benchmark reports on the draws after it (``--zoo-heldout-from``, an index): draws
 1000-1005 were studied in the stop that added the rest path, 1006-1011 and 1012-1017 in the
 next (the node-peer stuck path), 1018-1023 after the peer path waited for a settled median,
 so the next held-out report starts at index 24 (draw 1024). The soak's parts take the draws
-from the first (``benchmarks.detection_soak``): healthy fleets, where only false pages
-count."""
+from ``--draws-from`` on (``benchmarks.detection_soak``: healthy fleets, where only false
+pages count): 1030-1047 and, wrapping round, 1000-1005 were soaked at f368331 and its two
+false pages studied (1031, 1040), so the next soak starts at index 48 (draw 1048)."""
 
 
 @dataclass(frozen=True, slots=True)
