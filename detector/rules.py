@@ -58,8 +58,9 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
 thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's usual error)
                              or more above what its own thermal model predicts for its power
                              with every lag that was plausible while it last ran as predicted
-                             or is plausible now, and that far beyond its node peers' median excess when the peers
-                             run hot too (an inlet change or a fan curve moves the whole node;
+                             or is plausible now, and that far beyond its node peers' median
+                             excess when the peers run hot too (an inlet change or a fan curve
+                             moves the whole node;
                              peers cooler than their models excuse nothing and accuse nothing),
                              for ``excess_after_s``: the heat path
                              (paste, fan, pump, airflow) of this GPU degraded, whatever its load.
@@ -521,8 +522,9 @@ class RuleBook:
         behind = frozen_long & alone & apart & (ts_ms - peer_ms >= p.stuck_after_s * 1000)
         # Or the peers' dies swung around the held reading, needing no settled start: while
         # the GPU had run their load for ``rest_settle_s`` (a die's lag is seconds to two
-        # minutes, so its heat follows that load as theirs does), their median stood ``bar``
-        # above the reading, then ``bar`` below, then above again (or the other way round).
+        # minutes, so its heat follows that load as theirs does), their median stood
+        # ``stuck_predicted_c`` above the reading, then below, then above again (or the other
+        # way round).
         # Under bursty inference the median never settles, yet a die sharing the load
         # swings with it; a seat warmer or cooler than the node's moves the level, not the
         # swing, and a node settling after a job change passes once, so the third side is
@@ -555,8 +557,7 @@ class RuleBook:
         # held-out soak paged on a liquid-cooled GPU idling after hours of training with
         # short bubbles: its lags predicted 28 and 50 degC for a die reading 38, as its
         # peers did.) A fault makes every lag err alike, so it still shows under each.
-        kplaus = np.where(kplaus.any(axis=1, keepdims=True), kplaus | ctx.plausible,
-                          ctx.plausible)
+        kplaus = kplaus | ctx.plausible
         lag_excess = np.where(kplaus, ctx.lag_excess_c, np.nan)
         # Every lag's excess is given exactly where the chosen lag's is (``finite``).
         excess = np.where(finite, np.fmin.reduce(lag_excess, axis=1), np.nan)

@@ -18,13 +18,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from test_detector_support import T0_MS, timestamps
 
 from detector.config import DetectorConfig, ModelConfig, RackModelConfig
 from detector.features import COL, COUNTER_COLS
 from detector.shard import DetectorShard
 
 FIXTURE = Path(__file__).parent / "fixtures" / "zoo" / "zoo1040_node_idle_after_bubbles.npz"
-T0_MS = 1_767_225_600_000
 
 
 def _rows() -> np.ndarray:
@@ -49,7 +49,7 @@ def test_lags_that_disagree_at_an_unsettled_power_accuse_nothing() -> None:
                                          rack=RackModelConfig(enabled=False)))
     paths = [f"c/row-0/rack-0/node-0/gpu-{g}" for g in range(gpus)]
     ids, nodes = shard.register(paths, ["c/row-0/rack-0"] * gpus, ["c/row-0/rack-0/node-0"] * gpus)
-    ts = T0_MS + 1000 * np.arange(steps, dtype=np.int64)
+    ts = timestamps(steps)
     alerts = []
     for s in range(0, steps, 3600):
         alerts += shard.process(ids, nodes, ts[s:s + 3600], rows[s:s + 3600])
