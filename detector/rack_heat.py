@@ -4,11 +4,19 @@ Cooling trouble of a rack (a failing CDU or fan wall, a blocked door, a warm ais
 every GPU in it a little. No single GPU looks wrong against its node peers (they warm too,
 which is why the per-GPU ``thermal_excess`` rule subtracts them), but each is hotter than its
 own thermal model predicts for its power. So per rack and closed window of
-``detector.rack_windows`` (the mean of its GPUs' residuals, degC): the rule opens once the
-mean has stayed at ``excess_c`` or more for ``after_s``. A workload cannot produce it: a job
-that starts or ends moves power, which the models account for, and on a rack of dozens of
-GPUs their errors average out. An inlet that swings with the day is learned by the models'
-four-hour memory.
+``detector.rack_windows`` (the mean residual, degC, of the GPUs whose model judges them,
+that is has learned the power they run at): the rule opens once the mean has stayed at
+``excess_c`` or more for ``after_s``. A workload cannot produce it: a job that starts or
+ends moves power, which the models account for, and on a rack of dozens of GPUs their
+errors average out. An inlet that swings with the day is learned by the models' four-hour
+memory.
+
+Both premises need models that know the power: a model's guess at a power it has not
+learned is not an error that averages out, since a job moves a whole rack to the new power
+together and the young models all guess alike. So only judged GPUs count, and a window in
+which fewer than ``JUDGED_SHARE`` of the rack's GPU-steps were judged says nothing: it
+neither starts nor ends heat, and an open alert stays as it is until the models judge
+again (a throttling rack moves to powers its models may not know).
 
 It resolves at the first window below half of ``excess_c`` (the rack is cool again), or
 sooner, once the trouble is over: when the mean has fallen in ``FALLING_WINDOWS`` windows in a
@@ -33,6 +41,10 @@ __all__ = ["RackHeat"]
 
 FALLING_WINDOWS = 2
 """Consecutive falling windows (of ``detector.rack_windows``) that make a decay."""
+
+JUDGED_SHARE = 0.5
+"""Share of a window's GPU-steps that must be judged by their models for the window to
+count: a mean over a few GPUs of a rack is one GPU's error, not a rack's."""
 
 
 class RackHeat:
@@ -59,10 +71,14 @@ class RackHeat:
                 setattr(self, k, np.concatenate([arr, np.zeros(extra, dtype=arr.dtype)]))
 
     def step(self, racks: npt.NDArray[np.int64], mean_resid_c: npt.NDArray[np.float64],
-             end_ms: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64],
-                                                     npt.NDArray[np.int64]]:
-        """Advance closed windows (one per rack); returns (rows opened, rows resolved)."""
-        x = mean_resid_c
+             judged: npt.NDArray[np.float64], end_ms: npt.NDArray[np.int64]
+             ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Advance closed windows (one per rack): the judged GPUs' mean residual and the
+        share of GPU-steps judged; returns (rows opened, rows resolved)."""
+        counts = judged >= JUDGED_SHARE
+        racks, end_ms = racks[counts], end_ms[counts]
+        x = mean_resid_c[counts]
+        rows = np.flatnonzero(counts)
         cool = x < 0.5 * self.excess_c
         # A recovered rack's floor follows its decay down and is gone once it is cool.
         floor = np.where(cool, 0.0, np.minimum(self.floor_c[racks], np.maximum(x, 0.0)))
@@ -83,7 +99,7 @@ class RackHeat:
         self.last_c[racks] = x
         self.falling[racks] = falling
         self.floor_c[racks] = floor
-        return np.flatnonzero(opens), np.flatnonzero(resolves)
+        return rows[opens], rows[resolves]
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:
         return {f"rack_heat.{k}": getattr(self, k).copy() for k in self.ARRAYS}

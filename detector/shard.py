@@ -29,7 +29,7 @@ from detector.job_peers import SOURCE as JOB_STRAGGLER
 from detector.job_peers import JobPeers
 from detector.model_bank import ModelBank
 from detector.rack_heat import RackHeat
-from detector.rack_windows import RACK_FEATURES, RACK_WEIGHTS, RackWindows
+from detector.rack_windows import RACK_FEATURES, Closed, RackWindows
 from detector.rules import RuleBook
 from detector.step_fold import GATHERED_FOLD, FoldedSteps, StepFold
 from detector.thresholds import ThresholdParams
@@ -367,9 +367,10 @@ class DetectorShard:
 
         # Rack windows -> rack forest.
         if self.config.rack.enabled and len(vi):
-            racks, starts, means = self.rack_windows.add(rack_rows[vi], feats[vi], ts)
-            if len(racks):
-                out.extend(self._rack_step(racks, starts, means))
+            closed = self.rack_windows.add(rack_rows[vi], feats[vi],
+                                           self.features.last_resid[vids], ts)
+            if len(closed.racks):
+                out.extend(self._rack_step(closed))
         return out
 
     def _node_veto(self, ids: npt.NDArray[np.int64], nodes: npt.NDArray[np.int64],
@@ -419,10 +420,10 @@ class DetectorShard:
             out.append(self._resolve(self.gpu_paths[int(ids[r])], JOB_STRAGGLER, ts, score))
         return out
 
-    def _rack_step(self, racks: npt.NDArray[np.int64], starts: npt.NDArray[np.int64],
-                   means: npt.NDArray[np.float32]) -> list[AlertRecord]:
+    def _rack_step(self, closed: Closed) -> list[AlertRecord]:
         out: list[AlertRecord] = []
-        end = starts + self.rack_windows.window_ms
+        racks, means = closed.racks, closed.means
+        end = closed.starts + self.rack_windows.window_ms
         res = self.rack_bank.step(racks, means, end, _rack_runs_hot)
         batch, thr, opened, resolved = res.batch, res.thresholds, res.opened, res.resolved
         src = f"model:{self.engine_name}:rack"
@@ -439,9 +440,9 @@ class DetectorShard:
         for r in resolved:
             out.append(self._resolve(self.rack_paths[int(racks[r])], src, int(end[r]),
                                      float(batch.scores[r])))
-        # The rack heat rule, on the same windows: the mean residual in degC.
-        resid_c = means[:, _RACK_RESID].astype(np.float64) / RACK_WEIGHTS[_RACK_RESID] * 2.0
-        h_open, h_res = self.rack_heat.step(racks, resid_c, end)
+        # The rack heat rule, on the same windows: the judged GPUs' mean residual in degC.
+        resid_c = closed.heat_c
+        h_open, h_res = self.rack_heat.step(racks, resid_c, closed.judged, end)
         for r in h_open:
             path = self.rack_paths[int(racks[r])]
             out.append(self._fire(
@@ -585,7 +586,6 @@ def _led_by(batch: ScoreBatch, cols: npt.NDArray[np.int64], high_only: bool
     return np.asarray(part.sum(axis=1) >= 0.5 * np.where(total > 0, total, np.inf))
 
 
-_RACK_RESID = RACK_FEATURES.index("rack_temp_residual")
 _RACK_THERMAL = np.array([RACK_FEATURES.index(n) for n in (
     "rack_temperature", "rack_temp_residual", "rack_memory_temperature", "rack_throttling")])
 

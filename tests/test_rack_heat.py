@@ -19,7 +19,8 @@ def _run(excess: npt.NDArray[np.float64]) -> list[tuple[str, float]]:
     out: list[tuple[str, float]] = []
     for i, x in enumerate(excess):
         end_s = (i + 1) * WINDOW_S
-        opened, resolved = heat.step(racks, np.array([x]), np.array([int(end_s * 1000)]))
+        opened, resolved = heat.step(racks, np.array([x]), np.ones(1),
+                                      np.array([int(end_s * 1000)]))
         out += [("opened", end_s)] * len(opened) + [("resolved", end_s)] * len(resolved)
     return out
 
@@ -72,7 +73,7 @@ def test_a_recovered_rack_that_heats_again_opens_again_but_its_decay_does_not() 
 def test_state_survives_a_checkpoint_and_an_old_checkpoint_loads() -> None:
     heat = RackHeat(4.0, 60.0)
     heat.ensure(3)
-    heat.step(np.arange(3), np.array([5.0, 1.0, 9.0]), np.full(3, 10_000))
+    heat.step(np.arange(3), np.array([5.0, 1.0, 9.0]), np.ones(3), np.full(3, 10_000))
     again = RackHeat(4.0, 60.0)
     again.load_arrays(heat.state_arrays())
     for k in RackHeat.ARRAYS:
