@@ -79,7 +79,8 @@ clock_deficit      warning   a busy GPU (``utilization >= 80 %``) runs its SM cl
                              ``deficit_after_s`` (less, down to a quarter, the deeper the
                              deficit; steps too idle to show the clock neither add nor
                              start over, the evidence fades; a power-cap bit counts only when the
-                             power is within 10 % of the limit, or the limit is unknown). The
+                             power is within 5 % of where the cap holds it: its node peers'
+                             median among those reporting the cap, else the limit). The
                              driver reports every reason it lowers clocks for (power cap,
                              thermal, brake, sync); a clock held low with none is a GPU that
                              cannot run at speed: a straggler its peers wait for.
@@ -222,6 +223,12 @@ housekeeping kernels on an idle board)."""
 _UNLIKE_GRACE_S: Final = 15.0
 """Seconds of a freeze a GPU may spend off its node peers' load and still be judged by them
 (``temperature_stuck``): GPUs of one job start and stop a tick or two apart."""
+CAP_HOLDS: Final = 0.95
+"""Share of where a power cap holds a GPU (its capped peers' power, or its limit) it must draw
+for a power-cap bit to explain a low clock. Power read at the cap sits within a few percent
+of it; a straggler whose clock is held 10-15 % low by something else draws 8-12 % less
+(zoo-1025: 630 W at a 700 W limit its capped peers drew, where 0.9 of the limit, the old
+bar, let the bit explain it at every other reading)."""
 MIN_REST_PEERS: Final = 4
 """GPUs of a node at rest (the judged one included) for their median to judge: one hot die
 among three others cannot move it."""
@@ -250,7 +257,7 @@ class RuleBook:
               "stuck_flips",
               "run_max_s", "runs_n", "excess_since_ms", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_hot_since_ms",
-              "deficit_evidence_s",
+              "deficit_evidence_s", "cap_held_w",
               "burst")
 
     def __init__(self, params: RuleParams) -> None:
@@ -332,6 +339,8 @@ class RuleBook:
         self.deficit_evidence_s = np.zeros(0)
         """Seconds of evidence that the GPU runs below its reference clock with no reason,
         weighted by how deep (0: it does not)."""
+        self.cap_held_w = np.zeros(0)
+        """The power a power cap last held its node's GPUs at (0: not seen)."""
         self.burst = np.zeros((0, 2))
         """Exponentially weighted corrected-ECC and link error counts."""
 
@@ -574,11 +583,22 @@ class RuleBook:
         # A busy GPU clocked below where it should run, with no reason reported.
         clock = row[:, COL["sm_clock_hertz"]]
         ref = ctx.clock_ref_hz
-        # A power-cap bit explains a low clock only at the power limit (or where the limit
-        # is not known); below it, the bit is the governor's habit, not the reason.
+        # A power-cap bit explains a low clock only where the cap holds the power: a cap
+        # holds a GPU at its limit, so one drawing clearly less than that is held low by
+        # something else, whatever bit its governor still sets. Where the node's peers
+        # report the cap (three or more), they show the power it holds there: the measured
+        # level the GPU's readings are compared with, remembered through the steps they do
+        # not (a job's communication phases); else the reported limit; with neither the bit
+        # is believed.
         power = row[:, COL["power_usage_watts"]]
         limit = row[:, COL["power_limit_watts"]]
-        capped = ~(np.isfinite(limit) & np.isfinite(power) & (power < 0.9 * limit))
+        cap_bit = (ib & 0x4) != 0
+        held_now = _peer_median(power, ctx.node, cap_bit & np.isfinite(power))
+        held = np.where(np.isfinite(held_now), held_now, self.cap_held_w[ids])
+        self.cap_held_w[ids] = held
+        held_at = np.where(held > 0, held, limit)
+        capped = ~(np.isfinite(held_at) & np.isfinite(power)
+                   & (power < CAP_HOLDS * held_at))
         reasons = ib & ~0x1 & ~np.where(capped, 0, 0x4)
         # Where the reasons are not exported at all (dcgm-exporter's default fields), no
         # reason is known either.

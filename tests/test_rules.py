@@ -183,6 +183,48 @@ def test_clock_deficit_finds_a_busy_gpu_slow_for_no_reason_but_not_a_capped_or_i
                        ("firing", "rule:clock_deficit", "node-1/gpu-0", 360)], deficit
 
 
+def test_a_power_cap_bit_explains_a_low_clock_only_at_the_power_the_cap_holds() -> None:
+    """The governor may set the power-cap bit on a GPU whose clock something else holds
+    lower (zoo-1025, zoo-1028: held-out stragglers at 86 % clock drawing 88-90 % of what
+    their capped peers drew, with the bit set throughout). A cap holds a GPU's power at its
+    limit; where the node's peers report the cap, their power shows where that is, also
+    through a job's communication phases when they do not, and also where the limit is not
+    exported."""
+    shard, ids, nodes = _shard()
+    data = healthy(900, 8, seed=6)
+    clock, bits, util = COL["sm_clock_hertz"], COL["clock_event_reasons"], COL["utilization_ratio"]
+    power, limit = COL["power_usage_watts"], COL["power_limit_watts"]
+    rng = np.random.default_rng(2)
+    # From step 240 both nodes train at the power cap: busy, the cap bit, 1.92 GHz, the
+    # power at the limit with a few watts of noise; every 20 s a 5 s communication phase
+    # at 40 % and full clock with no bit. Node 0 exports its 700 W limit, node 1 none.
+    comm = (np.arange(900) % 20) >= 15
+    data[240:, :, util] = np.where(comm[240:, None], 0.4, 0.93)
+    data[240:, :, clock] = np.where(comm[240:, None], 1.98e9, 1.92e9)
+    data[240:, :, bits] = np.where(comm[240:, None], 0.0, 0x04)
+    data[240:, :, power] = np.where(comm[240:, None], 380.0,
+                                    700.0 + rng.normal(0, 3, (660, 8)))
+    data[:, 4:, limit] = np.nan
+    # Node 0, GPU 2: from step 400, 12 % slower than its peers at 640 W, the cap bit still
+    # set and never waiting for them (a straggler): 0.91 of its limit, which the cap bit
+    # explained while the bar was 0.9 of the limit.
+    data[400:, 2, util] = 1.0
+    data[400:, 2, clock] = 1.92e9 * 0.88
+    data[400:, 2, bits] = 0x04
+    data[400:, 2, power] = 640.0 + rng.normal(0, 3, 500)
+    # Node 0, GPU 3: a hungrier die that the cap holds 4 % lower at the same power: healthy.
+    data[400:, 3, clock] = np.where(comm[400:], 1.98e9, 1.92e9 * 0.96)
+    # Node 1, GPU 1 (gpu 5): the same straggler with no limit exported.
+    data[400:, 5, util] = 1.0
+    data[400:, 5, clock] = 1.92e9 * 0.88
+    data[400:, 5, bits] = 0x04
+    data[400:, 5, power] = 640.0 + rng.normal(0, 3, 500)
+    got = _rule_alerts(shard.process(ids, nodes, timestamps(900), data))
+    deficit = [g for g in got if g[1] == "rule:clock_deficit" and g[0] == "firing"]
+    assert [g[2] for g in deficit] == ["node-0/gpu-2", "node-1/gpu-1"], deficit
+    assert all(460 <= g[3] <= 520 for g in deficit), deficit
+
+
 def test_clock_deficit_judges_a_working_gpu_only_on_a_deep_deficit_and_sooner_the_deeper() -> None:
     shard, ids, nodes = _shard()
     data = healthy(600, 8, seed=6)
