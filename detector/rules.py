@@ -62,7 +62,9 @@ thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's
                              excess when the peers run hot too (an inlet change or a fan curve
                              moves the whole node;
                              peers cooler than their models excuse nothing and accuse nothing),
-                             for ``excess_after_s``: the heat path
+                             for ``excess_after_s`` of such steps (a step only a lag plausible
+                             now excuses, or that the model cannot judge, neither adds nor
+                             starts over; the evidence fades over ``excess_after_s``): the heat path
                              (paste, fan, pump, airflow) of this GPU degraded, whatever its load.
                              A node with one GPU reading temperature has no peers: its own
                              excess counts; on a node where fewer than three GPUs can be judged
@@ -255,7 +257,7 @@ class RuleBook:
               "stuck_swung_ms", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
               "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
               "stuck_flips",
-              "run_max_s", "runs_n", "excess_since_ms", "excess_err", "excess_kplaus",
+              "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_hot_since_ms",
               "deficit_evidence_s", "cap_held_w",
               "burst")
@@ -319,8 +321,9 @@ class RuleBook:
         over a day) ..."""
         self.runs_n = np.zeros((0, DWELL_BINS))
         """... and how many runs ended in each band."""
-        self.excess_since_ms = np.zeros(0, dtype=np.int64)
-        """Since when the GPU has run hotter than its thermal model (0: it does not)."""
+        self.excess_evidence_s = np.zeros(0)
+        """Seconds the GPU was judged hotter than its thermal model, fading over steps it
+        could not be judged (0: it is not)."""
         self.excess_err = np.zeros(0)
         """The thermal model's error while the GPU was not running hot: the bar's yardstick
         (a fault teaches the model to err, so its error during one is no measure)."""
@@ -566,15 +569,31 @@ class RuleBook:
         # held-out soak paged on a liquid-cooled GPU idling after hours of training with
         # short bubbles: its lags predicted 28 and 50 degC for a die reading 38, as its
         # peers did.) A fault makes every lag err alike, so it still shows under each.
+        kthen = kplaus
         kplaus = kplaus | ctx.plausible
         lag_excess = np.where(kplaus, ctx.lag_excess_c, np.nan)
         # Every lag's excess is given exactly where the chosen lag's is (``finite``).
         excess = np.where(finite, np.fmin.reduce(lag_excess, axis=1), np.nan)
         bar = np.maximum(p.excess_c, 4.0 * self.excess_err[ids])
         hot = finite & (excess >= bar)
-        since = held_since(self.excess_since_ms[ids], hot, ts_ms)
-        self.excess_since_ms[ids] = since
-        cond[:, 6] = hot & (ts_ms - since >= p.excess_after_s * 1000)
+        # Evidence, in seconds of steps at which every plausible lag accuses. A step at which
+        # the lags of the GPU's history exonerate it starts over. A step at which only a lag
+        # plausible now does, or at which the GPU cannot be judged (a power its model has not
+        # learned, peers still learning one), is no evidence either way, and what was
+        # gathered fades over ``excess_after_s``: under bursty load a die's lags part at
+        # every swing of power, and a held-out runaway (zoo-1042: air, a 3 s lag, 0.5 Hz,
+        # 12 degC over its model and its peers for nine minutes) was never accused by all
+        # of them for a minute in a row. The first hot step counts no time yet (a tiny mark
+        # says it began).
+        then = np.where(finite, np.fmin.reduce(np.where(kthen, ctx.lag_excess_c, np.nan),
+                                               axis=1), np.nan)
+        cleared = finite & ~(then >= bar)
+        before = self.excess_evidence_s[ids]
+        evidence = np.where(hot, np.where(before > 0, before + dt_s, 1e-9),
+                            np.where(cleared, 0.0,
+                                     before * np.exp(-dt_s / p.excess_after_s)))
+        self.excess_evidence_s[ids] = evidence
+        cond[:, 6] = hot & (evidence >= p.excess_after_s)
         val[:, 6] = np.where(finite, excess, 0.0)
         util = row[:, COL["utilization_ratio"]]
         rest_hot, rest_dev = self._hot_at_rest(ids, temp, util, dt_s, ts_ms, ctx.node)
