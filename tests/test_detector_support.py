@@ -13,7 +13,8 @@ import numpy as np
 import numpy.typing as npt
 
 from detector.config import AlertConfig, DetectorConfig, ModelConfig, RackModelConfig
-from detector.features import COL, GATHERED
+from detector.features import COL, COUNTER_COLS, GATHERED
+from detector.shard import DetectorShard
 from fleetpulse.transport import Transport
 from schemas.catalog import BY_NAME
 from schemas.frame import SampleFrame
@@ -63,6 +64,32 @@ def healthy(steps: int, gpus: int, seed: int = 0) -> npt.NDArray[np.float64]:
 
 def timestamps(steps: int, start: int = 0) -> npt.NDArray[np.int64]:
     return T0_MS + 1000 * np.arange(start, start + steps, dtype=np.int64)
+
+
+def recorded_rows(temp_c: npt.NDArray[np.float64], power_w: npt.NDArray[np.float64],
+                  util: npt.NDArray[np.float64], limit_w: float) -> npt.NDArray[np.float64]:
+    """Gathered rows (steps, gpus, len(COL)) from a recorded series (``tests/fixtures/zoo``):
+    die temperature, power and utilisation as recorded, the power limit, error counters at 0,
+    everything else not exported (NaN)."""
+    x = np.full((*temp_c.shape, len(COL)), np.nan)
+    x[:, :, COL["temperature_celsius"]] = temp_c
+    x[:, :, COL["power_usage_watts"]] = power_w
+    x[:, :, COL["power_limit_watts"]] = limit_w
+    x[:, :, COL["utilization_ratio"]] = util
+    for c in COUNTER_COLS:
+        x[:, :, c] = 0.0
+    return x
+
+
+def rules_shard(paths: list[str], rack: bool = False
+                ) -> tuple[DetectorShard, npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """A default detector without the per-GPU forests (the rules under test), the rack model
+    only if asked, with ``paths`` (``.../rack/node/gpu``) registered."""
+    shard = DetectorShard(DetectorConfig(model=ModelConfig(enabled=False),
+                                         rack=RackModelConfig(enabled=rack)))
+    nodes = [p.rsplit("/", 1)[0] for p in paths]
+    ids, node_ids = shard.register(paths, [n.rsplit("/", 1)[0] for n in nodes], nodes)
+    return shard, ids, node_ids
 
 
 GATHERED_IDS = np.array([BY_NAME[m].id for m in GATHERED], dtype=np.uint16)

@@ -19,12 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-from test_detector_support import T0_MS, timestamps
+from test_detector_support import T0_MS, recorded_rows, rules_shard, timestamps
 
-from detector.config import DetectorConfig, ModelConfig
-from detector.features import COL, COUNTER_COLS
 from detector.rack_windows import Closed
-from detector.shard import DetectorShard
 
 FIXTURE = Path(__file__).parent / "fixtures" / "zoo" / "zoo1058_rack_young_models_new_power.npz"
 RACK = "c/row-0/rack-0"
@@ -32,25 +29,16 @@ RACK = "c/row-0/rack-0"
 
 def _rows() -> npt.NDArray[np.float64]:
     f = np.load(FIXTURE)
-    temp = f["temp_half_c"] / 2.0
-    steps, gpus = temp.shape
-    x = np.full((steps, gpus, len(COL)), np.nan)
-    x[:, :, COL["temperature_celsius"]] = temp
-    x[:, :, COL["power_usage_watts"]] = f["power_mw"] / 1000.0
-    x[:, :, COL["power_limit_watts"]] = 400.0
-    x[:, :, COL["utilization_ratio"]] = f["util_pct"] / 100.0
-    for c in COUNTER_COLS:
-        x[:, :, c] = 0.0
-    return x
+    return recorded_rows(f["temp_half_c"] / 2.0, f["power_mw"] / 1000.0,
+                         f["util_pct"] / 100.0, 400.0)
 
 
 def test_young_models_at_a_power_they_never_saw_do_not_make_a_rack_hot() -> None:
     rows = _rows()
     steps, gpus = rows.shape[:2]
     # The rules are under test: no GPU forests (the rack forest runs, on the same windows).
-    shard = DetectorShard(DetectorConfig(model=ModelConfig(enabled=False)))
-    paths = [f"{RACK}/node-{g // 8}/gpu-{g}" for g in range(gpus)]
-    ids, nodes = shard.register(paths, [RACK] * gpus, [p.rsplit("/", 1)[0] for p in paths])
+    shard, ids, nodes = rules_shard([f"{RACK}/node-{g // 8}/gpu-{g}" for g in range(gpus)],
+                                    rack=True)
     closed: list[Closed] = []
     add = shard.rack_windows.add
 

@@ -19,11 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-from test_detector_support import T0_MS
+from test_detector_support import T0_MS, recorded_rows, rules_shard
 
-from detector.config import DetectorConfig, ModelConfig, RackModelConfig
-from detector.features import COL, COUNTER_COLS
-from detector.shard import DetectorShard
+from detector.features import COL
 
 FIXTURE = Path(__file__).parent / "fixtures" / "zoo" / "zoo1042_node_runaway_bursty.npz"
 STEP_MS = 2000
@@ -32,25 +30,14 @@ FAULT_S = (2436, 2970)
 
 def _rows() -> npt.NDArray[np.float64]:
     f = np.load(FIXTURE)
-    temp = f["temp_deci_c"] / 10.0
-    steps, gpus = temp.shape
-    x = np.full((steps, gpus, len(COL)), np.nan)
-    x[:, :, COL["temperature_celsius"]] = temp
-    x[:, :, COL["power_usage_watts"]] = f["power_mw"] / 1000.0
-    x[:, :, COL["power_limit_watts"]] = 300.0
-    x[:, :, COL["utilization_ratio"]] = f["util_pct"] / 100.0
-    for c in COUNTER_COLS:
-        x[:, :, c] = 0.0
-    return x
+    return recorded_rows(f["temp_deci_c"] / 10.0, f["power_mw"] / 1000.0,
+                         f["util_pct"] / 100.0, 300.0)
 
 
 def test_a_runaway_under_bursty_load_is_found_and_nothing_else_on_its_node() -> None:
     rows = _rows()
     steps, gpus = rows.shape[:2]
-    shard = DetectorShard(DetectorConfig(model=ModelConfig(enabled=False),
-                                         rack=RackModelConfig(enabled=False)))
-    paths = [f"c/row-0/rack-0/node-0/gpu-{g}" for g in range(gpus)]
-    ids, nodes = shard.register(paths, ["c/row-0/rack-0"] * gpus, ["c/row-0/rack-0/node-0"] * gpus)
+    shard, ids, nodes = rules_shard([f"c/row-0/rack-0/node-0/gpu-{g}" for g in range(gpus)])
     ts = T0_MS + STEP_MS * np.arange(steps, dtype=np.int64)
     alerts = []
     for s in range(0, steps, 300):

@@ -18,37 +18,25 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from test_detector_support import T0_MS, timestamps
+import numpy.typing as npt
+from test_detector_support import T0_MS, recorded_rows, rules_shard, timestamps
 
-from detector.config import DetectorConfig, ModelConfig, RackModelConfig
-from detector.features import COL, COUNTER_COLS
-from detector.shard import DetectorShard
+from detector.features import COL
 
 FIXTURE = Path(__file__).parent / "fixtures" / "zoo" / "zoo1040_node_idle_after_bubbles.npz"
 
 
-def _rows() -> np.ndarray:
+def _rows() -> npt.NDArray[np.float64]:
     f = np.load(FIXTURE)
-    temp = f["temp_half_c"] / 2.0
-    steps, gpus = temp.shape
-    x = np.full((steps, gpus, len(COL)), np.nan)
-    x[:, :, COL["temperature_celsius"]] = temp
-    x[:, :, COL["power_usage_watts"]] = f["power_deciwatts"] / 10.0
-    x[:, :, COL["power_limit_watts"]] = 400.0
-    x[:, :, COL["utilization_ratio"]] = f["util_pct"] / 100.0
-    for c in COUNTER_COLS:
-        x[:, :, c] = 0.0
-    return x
+    return recorded_rows(f["temp_half_c"] / 2.0, f["power_deciwatts"] / 10.0,
+                         f["util_pct"] / 100.0, 400.0)
 
 
 def test_lags_that_disagree_at_an_unsettled_power_accuse_nothing() -> None:
     rows = _rows()
     steps, gpus = rows.shape[:2]
-    # The rules are under test: no forests.
-    shard = DetectorShard(DetectorConfig(model=ModelConfig(enabled=False),
-                                         rack=RackModelConfig(enabled=False)))
-    paths = [f"c/row-0/rack-0/node-0/gpu-{g}" for g in range(gpus)]
-    ids, nodes = shard.register(paths, ["c/row-0/rack-0"] * gpus, ["c/row-0/rack-0/node-0"] * gpus)
+    # The rules are under test: no forests, no rack model.
+    shard, ids, nodes = rules_shard([f"c/row-0/rack-0/node-0/gpu-{g}" for g in range(gpus)])
     ts = timestamps(steps)
     alerts = []
     for s in range(0, steps, 3600):
