@@ -229,6 +229,9 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
     delays: list[float] = []
     missed: list[dict[str, Any]] = []
     delays_by_kind: dict[str, list[float]] = {}
+    # Delays of faults at full strength from their first second (no ramp): a ramp's delay
+    # also counts the minutes it spent too small to see, which is the fault's, not the rule's.
+    delays_abrupt: list[float] = []
     latent: dict[str, int] = {}
     for (kind, start, end), labs in faults.items():
         gpus = np.array([lab["gpu"] for lab in labs])
@@ -250,6 +253,8 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
         if found:
             delays.append(max(0.0, min(found)))
             delays_by_kind.setdefault(kind, []).append(round(delays[-1], 1))
+            if not any((lab.get("ramp_s") or 0.0) > 0.0 for lab in labs):
+                delays_abrupt.append(delays[-1])
         else:
             lab = labs[0]
             missed.append({"kind": kind, "gpu": int(gpus[0]), "gpus": len(gpus),
@@ -296,6 +301,9 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
         "point_fpr": float(f"{is_open[normal].mean() if normal.any() else 0.0:.3g}"),
         "median_delay_s": round(float(np.median(delays)), 1) if delays else None,
         "delays_s": [round(d, 1) for d in sorted(delays)],
+        "median_delay_abrupt_s": (round(float(np.median(delays_abrupt)), 1)
+                                  if delays_abrupt else None),
+        "delays_abrupt_s": [round(d, 1) for d in sorted(delays_abrupt)],
         "delays_by_kind": {k: sorted(v) for k, v in sorted(delays_by_kind.items())},
         "missed": missed,
         "normal_steps": int(normal.sum()),

@@ -56,7 +56,8 @@ def profiles_of(split: str, count: int, heldout_from: int = 0) -> list[int | str
         return list(ZOO_TUNING_SEEDS[:count])
     if split == "heldout":
         return list(ZOO_HELDOUT_SEEDS[heldout_from:heldout_from + count])
-    return [n for n in NAMED_PROFILES if n != "default"][:count]
+    named: list[int | str] = [n for n in NAMED_PROFILES if n != "default"][:count]
+    return named
 
 
 def describe(profile: Any) -> str:
@@ -75,6 +76,7 @@ def pool(rows: list[dict[str, Any]]) -> dict[str, Any]:
     false = sum(r["false_incidents"] for r in rows)
     days = sum(r["gpu_days"] for r in rows)
     delays = sorted(d for r in rows for d in r["delays_s"])
+    abrupt = sorted(d for r in rows for d in r.get("delays_abrupt_s", []))
     kinds: dict[str, list[float]] = {}
     for r in rows:
         for k, v in r["recall_per_kind_counts"].items():
@@ -109,6 +111,8 @@ def pool(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "point_fpr": float(f"{fpr:.3g}"),
         "median_delay_s": round(float(np.median(delays)), 1) if delays else None,
         "delays_s": delays,
+        "median_delay_abrupt_s": round(float(np.median(abrupt)), 1) if abrupt else None,
+        "delays_abrupt_s": abrupt,
         "delays_by_kind": {k: sorted(d for r in rows for d in r.get("delays_by_kind", {})
                                      .get(k, [])) for k in sorted(kinds)},
         "missed": [m for r in rows for m in r.get("missed", [])],
@@ -226,6 +230,8 @@ def main(argv: list[str], base: argparse.Namespace) -> int:
                   f"{det['latent_by_kind']}")
         print(f"detector false episodes by source: {det['false_episodes_by_source']}")
         print(f"detector point FPR by source: {det['point_fpr_by_source']}")
+        print(f"detector median delay on abrupt faults (no ramp): "
+              f"{det['median_delay_abrupt_s']} s of {len(det['delays_abrupt_s'])} found")
         print("detector delays (s) by kind: " + "  ".join(
             f"{k}={v}" for k, v in det["delays_by_kind"].items()))
         for miss in det["missed"]:
@@ -247,7 +253,8 @@ def main(argv: list[str], base: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     summary = {split: {m: {k: p[m][k] for k in ("recall", "false_incidents_per_1000_gpu_days",
-                                                  "point_fpr", "median_delay_s")}
+                                                  "point_fpr", "median_delay_s",
+                                                  "median_delay_abrupt_s")}
                        for m in methods} for split, p in pooled.items()}
     print(json.dumps(summary))
     return 0

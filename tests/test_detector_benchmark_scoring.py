@@ -71,6 +71,17 @@ def test_a_stuck_sensor_counts_from_when_it_showed_and_not_at_all_if_it_never_di
     assert r["false_incidents"] == 0
 
 
+def test_the_abrupt_delay_leaves_out_faults_that_ramp() -> None:
+    fleet = _fleet()
+    fleet.labels[0]["ramp_s"] = 300.0  # the straggler grows over 5 minutes
+    fleet.labels[2]["ramp_s"] = 0.0  # the cooling wave is at full strength at once
+    episodes = [Episode(np.array([1]), 390.0, 420.0, "rule"),  # 90 s into the ramp
+                Episode(np.array([4, 5, 6, 7]), 530.0, 640.0, "rack")]  # 30 s
+    r = evaluate(fleet, episodes, cold_start_s=100.0)
+    assert r["delays_s"] == [30.0, 90.0] and r["median_delay_s"] == 60.0
+    assert r["delays_abrupt_s"] == [30.0] and r["median_delay_abrupt_s"] == 30.0
+
+
 def test_overlapping_false_episodes_on_one_rack_are_one_incident() -> None:
     fleet = _fleet()
     episodes = [
