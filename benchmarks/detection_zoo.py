@@ -56,8 +56,8 @@ def profiles_of(split: str, count: int, heldout_from: int = 0) -> list[int | str
         return list(ZOO_TUNING_SEEDS[:count])
     if split == "heldout":
         return list(ZOO_HELDOUT_SEEDS[heldout_from:heldout_from + count])
-    named: list[int | str] = [n for n in NAMED_PROFILES if n != "default"][:count]
-    return named
+    named: list[int | str] = [n for n in NAMED_PROFILES if n != "default"]
+    return named[:count]
 
 
 def describe(profile: Any) -> str:
