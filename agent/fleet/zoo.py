@@ -71,7 +71,7 @@ NO_MEMORY_TEMPERATURE: Final = ("fleetpulse_gpu_memory_temperature_celsius",)
 
 ZOO_TUNING_SEEDS: Final = tuple(range(12))
 """Draws to choose thresholds and settings on."""
-ZOO_HELDOUT_SEEDS: Final = tuple(range(1000, 1100))
+ZOO_HELDOUT_SEEDS: Final = tuple(range(1000, 1300))
 """Draws the settings never saw: same ranges, other seeds; report these separately. A draw
 whose misses or false pages someone has studied is tuning data in all but name, so the
 detection benchmark reports on the draws after it (``--zoo-heldout-from``, an index): draws
@@ -80,7 +80,11 @@ next (the node-peer stuck path), 1018-1023 after the peer path waited for a sett
 so the next held-out report starts at index 24 (draw 1024). The soak's parts take the draws
 from ``--draws-from`` on (``benchmarks.detection_soak``: healthy fleets, where only false
 pages count): 1030-1047 and, wrapping round, 1000-1005 were soaked at f368331 and its two
-false pages studied (1031, 1040), so the next soak starts at index 48 (draw 1048)."""
+false pages studied (1031, 1040), so the next soak starts at index 48 (draw 1048).
+Since then: 1048-1071 soaked at 2f37a17 (1058 studied), 1024-1029 and 1041-1046 zoo-run and
+studied, 1047-1052 zoo-run at 506da05, 1072-1097 soaked at 955a554 (1088 studied). A draw
+soaked without a false page showed nothing to tune on, so the next zoo report may start at
+index 53 (draw 1053, skipping 1058) and the next soak at index 98 (draw 1098)."""
 
 
 @dataclass(frozen=True, slots=True)
