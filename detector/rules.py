@@ -42,10 +42,12 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              or, needing no thermal model, for ``stuck_after_s`` while the
                              GPU had run its node peers' load (power within a fifth, else
                              utilisation within 15 points) for ``rest_settle_s`` when it froze
-                             and runs it now, the peers' median reading had then held within
-                             half of ``stuck_predicted_c`` for ``rest_settle_s`` (their dies
-                             had settled), and it has moved ``stuck_predicted_c`` since: dies
-                             of one node under one load move together; or while it had run
+                             and runs it now, the median reading of the peers running that
+                             load had then held within half of ``stuck_predicted_c`` for
+                             ``rest_settle_s`` (their dies had settled), and it has moved
+                             ``stuck_predicted_c`` since: dies of one node under one load
+                             move together (peers under other loads move the node's median
+                             without moving any die under this one); or while it had run
                              their load for ``rest_settle_s``, their median stood
                              ``stuck_predicted_c`` above the held reading, then below, then
                              above again (or the other way round): bursty load never lets
@@ -499,23 +501,28 @@ class RuleBook:
         self.stuck_like_ms[ids] = like_since
         settled_like = like & (ts_ms - like_since >= p.rest_settle_s * 1000)
         peer_med = _peer_median(temp, ctx.node, has_temp)
+        # The median of the peers that run the node's load now, as this GPU does: a node's
+        # other loads move its median without moving any die under this one. (A held-out
+        # soak paged on an idle GPU that way: of seven peers, three started bursty work and
+        # two stopped training and cooled, while the two idling beside it held still.)
+        like_med = _peer_median(temp, ctx.node, has_temp & like)
         # The peers' median as a settled value: a node whose jobs just changed holds dies
         # still cooling down or heating up, and its median falls between them, away from
         # where this die sat, then moves onto it as they settle. (A held-out soak paged on
         # two idle GPUs that way: their peers had run its load, but not for long enough.)
         pm_ref = self.stuck_pm_ref[ids]
         pm_on = (self.stuck_pm_ms[ids] > 0) & (
-            np.abs(peer_med - pm_ref) <= 0.5 * p.stuck_predicted_c)
+            np.abs(like_med - pm_ref) <= 0.5 * p.stuck_predicted_c)
         pm_since = held_since(np.where(pm_on, self.stuck_pm_ms[ids], 0),
-                              np.isfinite(peer_med), ts_ms)
-        self.stuck_pm_ref[ids] = np.where(pm_on, pm_ref, peer_med)
+                              np.isfinite(like_med), ts_ms)
+        self.stuck_pm_ref[ids] = np.where(pm_on, pm_ref, like_med)
         self.stuck_pm_ms[ids] = pm_since
         peers_settled = (pm_since > 0) & (ts_ms - pm_since >= p.rest_settle_s * 1000)
         base = held & (self.stuck_base_ms[ids] > 0)
         fresh = has_temp & ~held
         self.stuck_base_ms[ids] = np.where(
-            fresh, np.where(np.isfinite(peer_med), ts_ms, 0), self.stuck_base_ms[ids])
-        self.stuck_peer0[ids] = np.where(fresh, peer_med, self.stuck_peer0[ids])
+            fresh, np.where(np.isfinite(like_med), ts_ms, 0), self.stuck_base_ms[ids])
+        self.stuck_peer0[ids] = np.where(fresh, like_med, self.stuck_peer0[ids])
         self.stuck_load0[ids] = np.where(fresh, settled_like & peers_settled,
                                          self.stuck_load0[ids])
         # ... and through the freeze: a die that worked on alone while its peers idled
@@ -525,7 +532,7 @@ class RuleBook:
         # of difference are a job starting on its GPUs a tick apart.
         unlike_s = np.where(held, self.stuck_unlike_s[ids] + np.where(like, 0.0, dt_s), 0.0)
         self.stuck_unlike_s[ids] = unlike_s
-        moved = np.abs(peer_med - self.stuck_peer0[ids])
+        moved = np.abs(like_med - self.stuck_peer0[ids])
         apart = (base & like & (self.stuck_load0[ids] > 0) & np.isfinite(moved)
                  & (unlike_s <= _UNLIKE_GRACE_S)
                  & (moved >= np.maximum(p.stuck_predicted_c, 4.0 * self.stuck_err[ids])))
