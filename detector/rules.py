@@ -42,12 +42,14 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              or, needing no thermal model, for ``stuck_after_s`` while the
                              GPU had run its node peers' load (power within a fifth, else
                              utilisation within 15 points) for ``rest_settle_s`` when it froze
-                             and runs it now, the median reading of the peers running that
-                             load had then held within half of ``stuck_predicted_c`` for
-                             ``rest_settle_s`` (their dies had settled), and it has moved
-                             ``stuck_predicted_c`` since: dies of one node under one load
-                             move together (peers under other loads move the node's median
-                             without moving any die under this one); or while it had run
+                             and runs it now, the peers' median reading had then held within
+                             half of ``stuck_predicted_c`` for ``rest_settle_s`` (their dies
+                             had settled), and it has moved ``stuck_predicted_c`` since, and
+                             so has the median of the peers running its load (where three
+                             do): dies of one node under one load move together, while
+                             peers under other loads move the node's median alone, and
+                             peers joining or leaving its load move the other alone; or
+                             while it had run
                              their load for ``rest_settle_s``, their median stood
                              ``stuck_predicted_c`` above the held reading, then below, then
                              above again (or the other way round): bursty load never lets
@@ -258,7 +260,7 @@ class RuleBook:
               "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus", "stuck_kmin", "stuck_kmax", "stuck_err",
               "stuck_swung_ms", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
               "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
-              "stuck_flips",
+              "stuck_flips", "stuck_like0",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_hot_since_ms",
               "deficit_evidence_s", "cap_held_w",
@@ -297,6 +299,9 @@ class RuleBook:
         """When the reading last changed with node peers to compare (0: not known) ..."""
         self.stuck_peer0 = np.zeros(0)
         """... the node's median reading then ..."""
+        self.stuck_like0 = np.zeros(0)
+        """... the median reading then of the peers running the node's load (NaN: fewer than
+        three) ..."""
         self.stuck_load0 = np.zeros(0)
         """... and whether the GPU had run its peers' load for ``rest_settle_s`` then (1) or
         not (0)."""
@@ -501,10 +506,14 @@ class RuleBook:
         self.stuck_like_ms[ids] = like_since
         settled_like = like & (ts_ms - like_since >= p.rest_settle_s * 1000)
         peer_med = _peer_median(temp, ctx.node, has_temp)
-        # The median of the peers that run the node's load now, as this GPU does: a node's
-        # other loads move its median without moving any die under this one. (A held-out
-        # soak paged on an idle GPU that way: of seven peers, three started bursty work and
-        # two stopped training and cooled, while the two idling beside it held still.)
+        # ... and the median of the peers that run the node's load now, as this GPU does,
+        # must have moved as well. Either alone misleads: a node's other loads move its
+        # median without moving any die under this one (a held-out soak paged on an idle GPU
+        # that way: of seven peers, three started bursty work and two stopped training and
+        # cooled, while the two idling beside it held still), and the set of peers at this
+        # GPU's power changes under it (pipeline bubbles take GPUs in and out of it, and a
+        # node's seats differ by degrees), which moves that median alone. (NaN, with fewer
+        # than three such GPUs, vetoes nothing: the node's median decides as before.)
         like_med = _peer_median(temp, ctx.node, has_temp & like)
         # The peers' median as a settled value: a node whose jobs just changed holds dies
         # still cooling down or heating up, and its median falls between them, away from
@@ -512,17 +521,18 @@ class RuleBook:
         # two idle GPUs that way: their peers had run its load, but not for long enough.)
         pm_ref = self.stuck_pm_ref[ids]
         pm_on = (self.stuck_pm_ms[ids] > 0) & (
-            np.abs(like_med - pm_ref) <= 0.5 * p.stuck_predicted_c)
+            np.abs(peer_med - pm_ref) <= 0.5 * p.stuck_predicted_c)
         pm_since = held_since(np.where(pm_on, self.stuck_pm_ms[ids], 0),
-                              np.isfinite(like_med), ts_ms)
-        self.stuck_pm_ref[ids] = np.where(pm_on, pm_ref, like_med)
+                              np.isfinite(peer_med), ts_ms)
+        self.stuck_pm_ref[ids] = np.where(pm_on, pm_ref, peer_med)
         self.stuck_pm_ms[ids] = pm_since
         peers_settled = (pm_since > 0) & (ts_ms - pm_since >= p.rest_settle_s * 1000)
         base = held & (self.stuck_base_ms[ids] > 0)
         fresh = has_temp & ~held
         self.stuck_base_ms[ids] = np.where(
-            fresh, np.where(np.isfinite(like_med), ts_ms, 0), self.stuck_base_ms[ids])
-        self.stuck_peer0[ids] = np.where(fresh, like_med, self.stuck_peer0[ids])
+            fresh, np.where(np.isfinite(peer_med), ts_ms, 0), self.stuck_base_ms[ids])
+        self.stuck_peer0[ids] = np.where(fresh, peer_med, self.stuck_peer0[ids])
+        self.stuck_like0[ids] = np.where(fresh, like_med, self.stuck_like0[ids])
         self.stuck_load0[ids] = np.where(fresh, settled_like & peers_settled,
                                          self.stuck_load0[ids])
         # ... and through the freeze: a die that worked on alone while its peers idled
@@ -532,10 +542,11 @@ class RuleBook:
         # of difference are a job starting on its GPUs a tick apart.
         unlike_s = np.where(held, self.stuck_unlike_s[ids] + np.where(like, 0.0, dt_s), 0.0)
         self.stuck_unlike_s[ids] = unlike_s
-        moved = np.abs(like_med - self.stuck_peer0[ids])
+        moved = np.abs(peer_med - self.stuck_peer0[ids])
+        moved_like = np.abs(like_med - self.stuck_like0[ids])
         apart = (base & like & (self.stuck_load0[ids] > 0) & np.isfinite(moved)
-                 & (unlike_s <= _UNLIKE_GRACE_S)
-                 & (moved >= np.maximum(p.stuck_predicted_c, 4.0 * self.stuck_err[ids])))
+                 & (unlike_s <= _UNLIKE_GRACE_S) & (moved >= bar)
+                 & ~(moved_like < bar))
         peer_ms = held_since(self.stuck_peer_ms[ids], apart, ts_ms)
         self.stuck_peer_ms[ids] = peer_ms
         behind = frozen_long & alone & apart & (ts_ms - peer_ms >= p.stuck_after_s * 1000)

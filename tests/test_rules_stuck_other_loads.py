@@ -1,8 +1,9 @@
-"""``temperature_stuck``'s node-peer path compares a held reading with the peers that run the
-GPU's load, not with every peer: a node's other loads move the median of all its dies
-without moving any die under this one.
+"""``temperature_stuck``'s node-peer path pages only where the node's median and the median of
+the peers running the GPU's load have both moved: a node's other loads move the median of
+all its dies without moving any die under this one, and the set of peers at the GPU's power
+changes under it.
 
-The fixture (``fixtures/zoo/zoo1088_node_peers_change_loads.npz``) is one node of the
+The first fixture (``fixtures/zoo/zoo1088_node_peers_change_loads.npz``) is one node of the
 held-out soak that paged on it: ``benchmarks.detection_soak --split heldout --draws-from 72
 --pages-only --parts 26 --gpus 256 --hours 12`` at 955a554, part 16, draw zoo-1088 (liquid
 cooling, a 119 s lag, noiseless tenth-degree sensors, no power limit exported, 1 Hz), GPUs
@@ -10,6 +11,16 @@ cooling, a 119 s lag, noiseless tenth-degree sensors, no power limit exported, 1
 utilisation in percent. GPU 3 idles throughout, reading a right 34.5 degC from 8,414 s. At
 about 8,490 s three of its peers start bursty inference and the two that trained stop and
 cool from 56 degC; the two idling beside it hold still. The old path paged GPU 3 at 8,601 s.
+
+The second (``fixtures/zoo/zoo1060_node_pipeline_at_cap.npz``) is one node of the held-out
+zoo run that measured the first fix alone (median of the peers at the GPU's load only):
+``benchmarks.detection --zoo --zoo-splits heldout --zoo-heldout-from 59`` at 1aba66d, draw
+zoo-1060 (liquid cooling, a 31 s lag, tenth-degree sensors, a 600 W limit, 0.5 Hz), GPUs
+120-127, seconds 400-2,200. Pipeline stages at the cap sit at 53-61 degC by seat; a
+rotating bubble takes one or two of them to 100 W every few tens of seconds, and GPU 6
+starts work at about 1,880 s. GPU 7 reads a right 60.8 degC at the cap throughout. The
+median of the GPUs at its power jumped 4.4 degC as GPU 6 joined them and a cool stage left
+them in a bubble; that fix paged GPU 7 at 1,988 s, and the node's median moved 2.4 degC.
 """
 
 from __future__ import annotations
@@ -22,27 +33,32 @@ from test_detector_support import T0_MS, recorded_rows, rules_shard
 
 from detector.features import COL
 
-FIXTURE = Path(__file__).parent / "fixtures" / "zoo" / "zoo1088_node_peers_change_loads.npz"
+ZOO = Path(__file__).parent / "fixtures" / "zoo"
 START_S = 7800
 IDLE_GPU = 3
 
 
-def _rows() -> npt.NDArray[np.float64]:
-    f = np.load(FIXTURE)
+def _rows(name: str, limit_w: float) -> npt.NDArray[np.float64]:
+    f = np.load(ZOO / name)
     return recorded_rows(f["temp_deci_c"] / 10.0, f["power_mw"] / 1000.0,
-                         f["util_pct"] / 100.0, np.nan)
+                         f["util_pct"] / 100.0, limit_w)
 
 
-def test_an_idle_gpu_whose_peers_change_loads_is_not_stuck() -> None:
-    rows = _rows()
+def _pages(rows: npt.NDArray[np.float64], step_ms: int) -> list[tuple[str, str, int]]:
+    """The rules' alerts over one node's recorded rows: (source, GPU, seconds in)."""
     steps, gpus = rows.shape[:2]
     shard, ids, nodes = rules_shard([f"c/row-0/rack-0/node-0/gpu-{g}" for g in range(gpus)])
-    ts = T0_MS + 1000 * np.arange(steps, dtype=np.int64)
+    ts = T0_MS + step_ms * np.arange(steps, dtype=np.int64)
     alerts = []
     for s in range(0, steps, 300):
         alerts += shard.process(ids, nodes, ts[s:s + 300], rows[s:s + 300])
-    pages = [(a.source, a.entity.rsplit("/", 1)[-1], START_S + (a.started_ms - T0_MS) // 1000)
-             for a in alerts if a.source.startswith("rule:")]
+    return [(a.source, a.entity.rsplit("/", 1)[-1], (a.started_ms - T0_MS) // 1000)
+            for a in alerts if a.source.startswith("rule:")]
+
+
+def test_an_idle_gpu_whose_peers_change_loads_is_not_stuck() -> None:
+    rows = _rows("zoo1088_node_peers_change_loads.npz", np.nan)
+    pages = _pages(rows, 1000)
     assert pages == [], pages
     # What the old path saw: the reading held while the median of all seven peers rose by
     # 4 degC or more, and the GPU stayed at the idle power of the peers idling with it.
@@ -55,3 +71,22 @@ def test_an_idle_gpu_whose_peers_change_loads_is_not_stuck() -> None:
     power = rows[8400 - START_S:8900 - START_S, :, COL["power_usage_watts"]]
     assert np.all(power[:, IDLE_GPU] < 100.0)
     assert np.abs(np.median(power[:, [6, 7]]) - np.median(power[:, IDLE_GPU])) < 20.0
+
+
+def test_a_gpu_at_the_cap_among_pipeline_stages_is_not_stuck() -> None:
+    rows = _rows("zoo1060_node_pipeline_at_cap.npz", 600.0)
+    pages = _pages(rows, 2000)
+    assert pages == [], pages
+    # What the first fix saw: GPU 7 held 60.8 degC at the cap, and the median of the GPUs
+    # near its power rose 4 degC or more while the node's median rose less.
+    temp = rows[:, :, COL["temperature_celsius"]]
+    power = rows[:, :, COL["power_usage_watts"]]
+    held = temp[(1872 - 400) // 2:(2106 - 400) // 2, 7]
+    assert np.all(held == 60.8)
+
+    def at_cap_median(k: int) -> float:
+        return float(np.median(temp[k][power[k] > 480.0]))
+
+    before, after = (1872 - 400) // 2, (1992 - 400) // 2
+    assert at_cap_median(after) - at_cap_median(before) >= 4.0
+    assert np.median(temp[after]) - np.median(temp[before]) < 4.0
