@@ -84,7 +84,7 @@ false pages studied (1031, 1040), so the next soak starts at index 48 (draw 1048
 Since then: 1048-1071 soaked at 2f37a17 (1058 studied), 1024-1029 and 1041-1046 zoo-run and
 studied, 1047-1052 zoo-run at 506da05, 1072-1097 soaked at 955a554 (1088 studied),
 1059-1064 zoo-run at 1aba66d (1060 studied), 1065-1070 zoo-run at 8d5f55b (its misses
-rerun on older code), 1098-1123 soaked at 8d5f55b. A draw soaked without a false page
+rerun on older code), 1098-1123 soaked at 8d5f55b (1119 studied). A draw soaked without a false page
 showed nothing to tune on, so the next zoo report may start at index 53 (draws 1053-1057)
 or past 1123, and the next soak at index 124 (draw 1124)."""
 
