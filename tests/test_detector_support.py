@@ -92,6 +92,18 @@ def rules_shard(paths: list[str], rack: bool = False
     return shard, ids, node_ids
 
 
+def replay_node(rows: npt.NDArray[np.float64], step_ms: int) -> list[AlertRecord]:
+    """The alerts of a rules-only shard (``rules_shard``) over one node's recorded rows
+    (``recorded_rows``: steps x GPUs), fed 300 steps a call as a consumer's batches would."""
+    steps, gpus = rows.shape[:2]
+    shard, ids, nodes = rules_shard([f"c/row-0/rack-0/node-0/gpu-{g}" for g in range(gpus)])
+    ts = T0_MS + step_ms * np.arange(steps, dtype=np.int64)
+    alerts: list[AlertRecord] = []
+    for s in range(0, steps, 300):
+        alerts += shard.process(ids, nodes, ts[s:s + 300], rows[s:s + 300])
+    return alerts
+
+
 GATHERED_IDS = np.array([BY_NAME[m].id for m in GATHERED], dtype=np.uint16)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-from test_detector_support import T0_MS, recorded_rows, rules_shard
+from test_detector_support import T0_MS, recorded_rows, replay_node
 
 from detector.features import COL
 
@@ -36,14 +36,9 @@ def _rows() -> npt.NDArray[np.float64]:
 
 def test_a_runaway_under_bursty_load_is_found_and_nothing_else_on_its_node() -> None:
     rows = _rows()
-    steps, gpus = rows.shape[:2]
-    shard, ids, nodes = rules_shard([f"c/row-0/rack-0/node-0/gpu-{g}" for g in range(gpus)])
-    ts = T0_MS + STEP_MS * np.arange(steps, dtype=np.int64)
-    alerts = []
-    for s in range(0, steps, 300):
-        alerts += shard.process(ids, nodes, ts[s:s + 300], rows[s:s + 300])
     pages = [(a.source, a.entity.rsplit("/", 1)[-1], (a.started_ms - T0_MS) // 1000)
-             for a in alerts if a.source.startswith("rule:") and a.state.value == "firing"]
+             for a in replay_node(rows, STEP_MS)
+             if a.source.startswith("rule:") and a.state.value == "firing"]
     assert [p[:2] for p in pages] == [("rule:thermal_excess", "gpu-7")], pages
     assert FAULT_S[0] < pages[0][2] < FAULT_S[1], pages
     # The load is bursty: power swings by 80 W or more between most pairs of readings.

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-from test_detector_support import T0_MS, recorded_rows, rules_shard
+from test_detector_support import T0_MS, recorded_rows, replay_node
 
 from detector.features import COL
 
@@ -46,14 +46,8 @@ def _rows(name: str, limit_w: float) -> npt.NDArray[np.float64]:
 
 def _pages(rows: npt.NDArray[np.float64], step_ms: int) -> list[tuple[str, str, int]]:
     """The rules' alerts over one node's recorded rows: (source, GPU, seconds in)."""
-    steps, gpus = rows.shape[:2]
-    shard, ids, nodes = rules_shard([f"c/row-0/rack-0/node-0/gpu-{g}" for g in range(gpus)])
-    ts = T0_MS + step_ms * np.arange(steps, dtype=np.int64)
-    alerts = []
-    for s in range(0, steps, 300):
-        alerts += shard.process(ids, nodes, ts[s:s + 300], rows[s:s + 300])
     return [(a.source, a.entity.rsplit("/", 1)[-1], (a.started_ms - T0_MS) // 1000)
-            for a in alerts if a.source.startswith("rule:")]
+            for a in replay_node(rows, step_ms) if a.source.startswith("rule:")]
 
 
 def test_an_idle_gpu_whose_peers_change_loads_is_not_stuck() -> None:
