@@ -8,6 +8,7 @@ deliberately plainer than ``agent.fleet`` so a test can say exactly what it inje
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -79,6 +80,25 @@ def recorded_rows(temp_c: npt.NDArray[np.float64], power_w: npt.NDArray[np.float
     for c in COUNTER_COLS:
         x[:, :, c] = 0.0
     return x
+
+
+_RECORDED_SCALE = {"temp_deci_c": 10.0, "temp_half_c": 2.0, "power_mw": 1000.0,
+                   "power_deciwatts": 10.0, "util_pct": 100.0}
+"""Each integer field a ``tests/fixtures/zoo`` recording may hold, and what it is divided by
+to give degrees, watts or a utilisation ratio (each recording keeps its sensor's resolution
+in as few bytes as it needs)."""
+
+
+def load_recorded(path: Path, limit_w: float) -> npt.NDArray[np.float64]:
+    """``recorded_rows`` of a ``tests/fixtures/zoo`` recording, whichever of the fields of
+    ``_RECORDED_SCALE`` it was stored in."""
+    f = np.load(path)
+
+    def field(prefix: str) -> npt.NDArray[np.float64]:
+        (name,) = [n for n in f.files if n.startswith(prefix) and n in _RECORDED_SCALE]
+        return f[name] / _RECORDED_SCALE[name]
+
+    return recorded_rows(field("temp_"), field("power_"), field("util_"), limit_w)
 
 
 def rules_shard(paths: list[str], rack: bool = False

@@ -18,8 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
-from test_detector_support import T0_MS, recorded_rows, rules_shard, timestamps
+from test_detector_support import T0_MS, load_recorded, rules_shard, timestamps
 
 from detector.rack_windows import Closed
 
@@ -27,14 +26,8 @@ FIXTURE = Path(__file__).parent / "fixtures" / "zoo" / "zoo1058_rack_young_model
 RACK = "c/row-0/rack-0"
 
 
-def _rows() -> npt.NDArray[np.float64]:
-    f = np.load(FIXTURE)
-    return recorded_rows(f["temp_half_c"] / 2.0, f["power_mw"] / 1000.0,
-                         f["util_pct"] / 100.0, 400.0)
-
-
 def test_young_models_at_a_power_they_never_saw_do_not_make_a_rack_hot() -> None:
-    rows = _rows()
+    rows = load_recorded(FIXTURE, 400.0)
     steps, gpus = rows.shape[:2]
     # The rules are under test: no GPU forests (the rack forest runs, on the same windows).
     shard, ids, nodes = rules_shard([f"{RACK}/node-{g // 8}/gpu-{g}" for g in range(gpus)],

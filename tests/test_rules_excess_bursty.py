@@ -18,8 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
-from test_detector_support import T0_MS, recorded_rows, replay_node
+from test_detector_support import T0_MS, load_recorded, replay_node
 
 from detector.features import COL
 
@@ -28,14 +27,8 @@ STEP_MS = 2000
 FAULT_S = (2436, 2970)
 
 
-def _rows() -> npt.NDArray[np.float64]:
-    f = np.load(FIXTURE)
-    return recorded_rows(f["temp_deci_c"] / 10.0, f["power_mw"] / 1000.0,
-                         f["util_pct"] / 100.0, 300.0)
-
-
 def test_a_runaway_under_bursty_load_is_found_and_nothing_else_on_its_node() -> None:
-    rows = _rows()
+    rows = load_recorded(FIXTURE, 300.0)
     pages = [(a.source, a.entity.rsplit("/", 1)[-1], (a.started_ms - T0_MS) // 1000)
              for a in replay_node(rows, STEP_MS)
              if a.source.startswith("rule:") and a.state.value == "firing"]

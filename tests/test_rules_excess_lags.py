@@ -18,22 +18,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import numpy.typing as npt
-from test_detector_support import T0_MS, recorded_rows, rules_shard, timestamps
+from test_detector_support import T0_MS, load_recorded, rules_shard, timestamps
 
 from detector.features import COL
 
 FIXTURE = Path(__file__).parent / "fixtures" / "zoo" / "zoo1040_node_idle_after_bubbles.npz"
 
 
-def _rows() -> npt.NDArray[np.float64]:
-    f = np.load(FIXTURE)
-    return recorded_rows(f["temp_half_c"] / 2.0, f["power_deciwatts"] / 10.0,
-                         f["util_pct"] / 100.0, 400.0)
-
-
 def test_lags_that_disagree_at_an_unsettled_power_accuse_nothing() -> None:
-    rows = _rows()
+    rows = load_recorded(FIXTURE, 400.0)
     steps, gpus = rows.shape[:2]
     # The rules are under test: no forests, no rack model.
     shard, ids, nodes = rules_shard([f"c/row-0/rack-0/node-0/gpu-{g}" for g in range(gpus)])

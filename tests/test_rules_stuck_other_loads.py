@@ -29,19 +29,13 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-from test_detector_support import T0_MS, recorded_rows, replay_node
+from test_detector_support import T0_MS, load_recorded, replay_node
 
 from detector.features import COL
 
 ZOO = Path(__file__).parent / "fixtures" / "zoo"
 START_S = 7800
 IDLE_GPU = 3
-
-
-def _rows(name: str, limit_w: float) -> npt.NDArray[np.float64]:
-    f = np.load(ZOO / name)
-    return recorded_rows(f["temp_deci_c"] / 10.0, f["power_mw"] / 1000.0,
-                         f["util_pct"] / 100.0, limit_w)
 
 
 def _pages(rows: npt.NDArray[np.float64], step_ms: int) -> list[tuple[str, str, int]]:
@@ -51,7 +45,7 @@ def _pages(rows: npt.NDArray[np.float64], step_ms: int) -> list[tuple[str, str, 
 
 
 def test_an_idle_gpu_whose_peers_change_loads_is_not_stuck() -> None:
-    rows = _rows("zoo1088_node_peers_change_loads.npz", np.nan)
+    rows = load_recorded(ZOO / "zoo1088_node_peers_change_loads.npz", np.nan)
     pages = _pages(rows, 1000)
     assert pages == [], pages
     # What the old path saw: the reading held while the median of all seven peers rose by
@@ -68,7 +62,7 @@ def test_an_idle_gpu_whose_peers_change_loads_is_not_stuck() -> None:
 
 
 def test_a_gpu_at_the_cap_among_pipeline_stages_is_not_stuck() -> None:
-    rows = _rows("zoo1060_node_pipeline_at_cap.npz", 600.0)
+    rows = load_recorded(ZOO / "zoo1060_node_pipeline_at_cap.npz", 600.0)
     pages = _pages(rows, 2000)
     assert pages == [], pages
     # What the first fix saw: GPU 7 held 60.8 degC at the cap, and the median of the GPUs
