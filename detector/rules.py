@@ -49,11 +49,11 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              do): dies of one node under one load move together, while
                              peers under other loads move the node's median alone, and
                              peers joining or leaving its load move the other alone; or
-                             while it had run
-                             their load for ``rest_settle_s``, their median stood
-                             ``stuck_predicted_c`` above the held reading, then below, then
-                             above again (or the other way round): bursty load never lets
-                             the median settle, but a die sharing it swings with it.
+                             while it had run their load for ``rest_settle_s``, their
+                             median stood ``stuck_predicted_c`` above the held reading, then
+                             below, then above again (or the other way round): bursty load
+                             never lets the median settle, but a die sharing it swings with
+                             it.
                              A sensor is one GPU's part: when the whole node holds its
                              readings, the node is steady or the models misjudge its loop.
                              Judged by the GPU's own response, its own sensor and its peers,
@@ -546,7 +546,7 @@ class RuleBook:
         moved_like = np.abs(like_med - self.stuck_like0[ids])
         apart = (base & like & (self.stuck_load0[ids] > 0) & np.isfinite(moved)
                  & (unlike_s <= _UNLIKE_GRACE_S) & (moved >= bar)
-                 & ~(moved_like < bar))
+                 & (np.isnan(moved_like) | (moved_like >= bar)))
         peer_ms = held_since(self.stuck_peer_ms[ids], apart, ts_ms)
         self.stuck_peer_ms[ids] = peer_ms
         behind = frozen_long & alone & apart & (ts_ms - peer_ms >= p.stuck_after_s * 1000)
