@@ -66,6 +66,10 @@ thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's
                              excess when the peers run hot too (an inlet change or a fan curve
                              moves the whole node;
                              peers cooler than their models excuse nothing and accuse nothing),
+                             and half ``excess_c`` above the median reading of the node's GPUs
+                             running its load (power within a fifth) where three do (a die that
+                             reads what dies of its load on its inlet read has a sound heat
+                             path, whatever its model says; half leaves room for seats),
                              for ``excess_after_s`` of such steps (a step only a lag plausible
                              now excuses, or that the model cannot judge, neither adds nor
                              starts over; the evidence fades over ``excess_after_s``): the heat path
@@ -251,6 +255,40 @@ def _peer_median(values: npt.NDArray[np.float64], node: npt.NDArray[np.intp],
     med = node_median(v, node)
     count = np.bincount(node, weights=has.astype(np.float64))[node]
     return np.where(count >= 3, med, np.nan)
+
+
+def _same_load_median(temp: npt.NDArray[np.float64], power: npt.NDArray[np.float64],
+                      util: npt.NDArray[np.float64], node: npt.NDArray[np.intp]
+                      ) -> npt.NDArray[np.float64]:
+    """Each GPU's median die temperature over its node's GPUs (itself included) that run its
+    load now: power within a fifth of its own (50 W at least), or, where either reads no
+    power, utilisation within 15 points; NaN with fewer than three of them.
+
+    Unlike ``RuleBook._runs_like_peers`` (which GPUs run the node's typical load), this is
+    the GPU's own load, so a node half idle and half training gives each half its own."""
+    if len(node) == 0:
+        return np.zeros(0)
+    order = np.argsort(node, kind="stable")
+    nd = node[order]
+    counts = np.bincount(nd)
+    slot = np.arange(len(nd)) - (np.cumsum(counts) - counts)[nd]
+
+    def padded(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        out = np.full((len(counts), int(counts.max())), np.nan)
+        out[nd, slot] = v[order]
+        return out[node]  # (G, width): each GPU's node, in slot order
+
+    t_row, p_row, u_row = padded(temp), padded(power), padded(util)
+    with np.errstate(invalid="ignore"):
+        by_power = np.abs(p_row - power[:, None]) <= np.maximum(0.2 * np.abs(power), 50.0)[:, None]
+        by_util = np.abs(u_row - util[:, None]) <= 0.15
+    read_p = np.isfinite(power)[:, None] & np.isfinite(p_row)
+    same = np.where(read_p, by_power, by_util) & np.isfinite(t_row)
+    n = same.sum(axis=1)
+    ranked = np.sort(np.where(same, t_row, np.nan), axis=1)  # NaN last
+    lo = np.take_along_axis(ranked, np.maximum(n - 1, 0)[:, None] // 2, axis=1)[:, 0]
+    hi = np.take_along_axis(ranked, (n // 2)[:, None], axis=1)[:, 0]
+    return np.where(n >= 3, 0.5 * (lo + hi), np.nan)
 
 
 class RuleBook:
@@ -593,7 +631,19 @@ class RuleBook:
         # Every lag's excess is given exactly where the chosen lag's is (``finite``).
         excess = np.where(finite, np.fmin.reduce(lag_excess, axis=1), np.nan)
         bar = np.maximum(p.excess_c, 4.0 * self.excess_err[ids])
-        hot = finite & (excess >= bar)
+        # ... and its die stands half of ``excess_c`` above the median of the peers running
+        # its load, where three do: a degraded heat path shows against dies of the same load
+        # on the same inlet, whatever the models say. (A held-out soak paged on three idle
+        # GPUs that read what the idle dies beside them read, 30 degC, while their models,
+        # which had seen idle power for minutes after hours of training, put them 8.5 degC
+        # high and the node's median excess, that of dies whose models were right, took out
+        # nothing.) Half the bar leaves room for seats: dies of one load differ by where they
+        # sit, up to 8 degC apart at the cap, and the smallest fault, +9 degC, still stands
+        # that far above the median from the coolest seat.
+        same_med = _same_load_median(temp, row[:, COL["power_usage_watts"]],
+                                     row[:, COL["utilization_ratio"]], ctx.node)
+        beside = np.where(np.isfinite(same_med), temp - same_med >= 0.5 * p.excess_c, True)
+        hot = finite & (excess >= bar) & beside
         # Evidence, in seconds of steps at which every plausible lag accuses. A step at which
         # the lags of the GPU's history exonerate it starts over. A step at which only a lag
         # plausible now does, or at which the GPU cannot be judged (a power its model has not
@@ -605,7 +655,7 @@ class RuleBook:
         # says it began).
         then = np.where(finite, np.fmin.reduce(np.where(kthen, ctx.lag_excess_c, np.nan),
                                                axis=1), np.nan)
-        cleared = finite & ~(then >= bar)
+        cleared = finite & (~(then >= bar) | ~beside)
         before = self.excess_evidence_s[ids]
         evidence = np.where(hot, np.where(before > 0, before + dt_s, 1e-9),
                             np.where(cleared, 0.0,
