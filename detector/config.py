@@ -183,6 +183,10 @@ class RulesConfig:
     stuck_history_s: float = 1800.0
     """Seconds learned at a power before the sensor's own longest runs of one value at that
     power are trusted."""
+    peer_excess_c: float = 10.0
+    """A die this far above the median of its node's GPUs that drew its power (now and over
+    each candidate lag), beyond its learned seat, for ``excess_after_s``: its heat path
+    degraded, judged with no thermal model."""
     rest_excess_c: float = 6.0
     """A GPU of a node at rest this far above the node's median beyond its learned place ..."""
     rest_unlearned_c: float = 8.0
@@ -209,6 +213,7 @@ class RulesConfig:
             stale_after_s=self.stale_after_s, slowdown_open_after=self.slowdown_open_after,
             stuck_after_s=self.stuck_after_s, stuck_predicted_c=self.stuck_predicted_c,
             excess_c=self.excess_c, excess_after_s=self.excess_after_s,
+            peer_excess_c=self.peer_excess_c,
             stuck_history_s=self.stuck_history_s, rest_excess_c=self.rest_excess_c,
             rest_unlearned_c=self.rest_unlearned_c, rest_settle_s=self.rest_settle_s,
             rest_learn_s=self.rest_learn_s, deficit_ratio=self.deficit_ratio,
@@ -222,13 +227,14 @@ class RulesConfig:
                 or self.slowdown_open_after < 1):
             raise ConfigError("rules: stale_after_s, silent_after_s > 0 and open counts >= 1 "
                               "required")
-        if min(self.stuck_after_s, self.stuck_predicted_c, self.excess_c, self.burst_count,
-               self.burst_window_s) <= 0 or min(self.excess_after_s, self.stuck_history_s,
+        if min(self.stuck_after_s, self.stuck_predicted_c, self.excess_c, self.peer_excess_c,
+               self.burst_count, self.burst_window_s) <= 0 or min(self.excess_after_s, self.stuck_history_s,
                                                 self.deficit_after_s) < 0 \
                 or not 0.0 < self.deficit_ratio < 1.0 \
                 or not 0 < self.rest_excess_c <= self.rest_unlearned_c \
                 or self.rest_settle_s < 0 or self.rest_learn_s <= 0:
-            raise ConfigError("rules: stuck_*, excess_c, burst_count and burst_window_s must "
+            raise ConfigError("rules: stuck_*, excess_c, peer_excess_c, burst_count and "
+                              "burst_window_s must "
                               "be > 0, the *_after_s and stuck_history_s >= 0, deficit_ratio "
                               "in (0, 1), 0 < rest_excess_c <= rest_unlearned_c, "
                               "rest_settle_s >= 0 and rest_learn_s > 0")

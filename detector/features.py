@@ -120,6 +120,9 @@ class RuleContext:
     """... and how many seconds its thermal model has learned in that band."""
     node: npt.NDArray[np.intp]
     """Which node of this step each GPU is on (0..nodes-1), for judging a GPU by its peers."""
+    power_smoothed_w: npt.NDArray[np.float64]
+    """(G, lags) each GPU's power smoothed with every candidate lag (the thermal models'
+    own): the heat its die has taken in over each time scale it may follow."""
 
 
 # The catalog metrics the detector reads, in the column order of ``gather``'s output.
@@ -306,7 +309,8 @@ class FeatureState:
                        np.where(self.max_clock[ids] > 0, self.max_clock[ids], np.nan))
         band, dwell = self.thermal.power_bin(ids)
         return RuleContext(self.last_pred[ids], self.last_cand[ids], self.last_plaus[ids],
-                           self.thermal.error_c(ids), excess, lag_excess, ref, band, dwell, inv)
+                           self.thermal.error_c(ids), excess, lag_excess, ref, band, dwell, inv,
+                           self.thermal.ema[ids])
 
     def step(
         self,

@@ -82,6 +82,12 @@ thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's
                              its own learned place there (``rest_unlearned_c`` before one is
                              learned), while the whole node (four GPUs or more) has idled
                              ``rest_settle_s``, for ``excess_after_s`` (``RuleBook._hot_at_rest``).
+                             And with no thermal model: a die ``peer_excess_c`` above the
+                             median of its node's GPUs that drew its power now and smoothed
+                             over each candidate lag (three or more), beyond its seat learned
+                             per band of power, for ``excess_after_s``: on one inlet and one
+                             heat, dies differ by their seats alone
+                             (``RuleBook._hot_beside_peers``).
 clock_deficit      warning   a busy GPU (``utilization >= 80 %``) runs its SM clock
                              ``deficit_ratio`` or more below the clock it should (its busy node
                              peers' median, or its own highest), or a working one (30 %) three
@@ -160,6 +166,11 @@ class RuleParams:
     """Degrees above the GPU's own thermal prediction (and its node peers') ..."""
     excess_after_s: float = 60.0
     """... held this long before the heat path counts as degraded."""
+    peer_excess_c: float = 10.0
+    """Degrees a die reads above the median of its node's GPUs that drew its power at every
+    time scale (now and smoothed with each candidate lag), held ``excess_after_s``: twice the
+    most any healthy die stood above that median for a minute on the twelve tuning draws
+    (5.0 degC: zoo-9, air, whole-degree sensors; 1.5-4.5 on the others, 128 GPUs x 4 h each)."""
     rest_excess_c: float = 6.0
     """Degrees a GPU at rest reads above its resting node peers' median, beyond its own
     learned place among them ..."""
@@ -242,6 +253,8 @@ bar, let the bit explain it at every other reading)."""
 MIN_REST_PEERS: Final = 4
 """GPUs of a node at rest (the judged one included) for their median to judge: one hot die
 among three others cannot move it."""
+_SEAT_BAND_W: Final = 100.0
+"""Bands of power a die's seat among its peers is learned in (it grows with the power)."""
 
 RULES: Final = rules_for(RuleParams())
 LOST: Final = len(RULES) - 1
@@ -257,12 +270,14 @@ def _peer_median(values: npt.NDArray[np.float64], node: npt.NDArray[np.intp],
     return np.where(count >= 3, med, np.nan)
 
 
-def _same_load_median(temp: npt.NDArray[np.float64], power: npt.NDArray[np.float64],
-                      util: npt.NDArray[np.float64], node: npt.NDArray[np.intp]
+def _same_load_median(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float64],
+                      util: npt.NDArray[np.float64] | None, node: npt.NDArray[np.intp]
                       ) -> npt.NDArray[np.float64]:
     """Each GPU's median die temperature over its node's GPUs (itself included) that run its
-    load now: power within a fifth of its own (50 W at least), or, where either reads no
-    power, utilisation within 15 points; NaN with fewer than three of them.
+    load: power within a fifth of its own (50 W at least) in every column of ``loads``
+    (G, k: power now, or also smoothed over time scales), or, where either reads no power
+    now, utilisation within 15 points (``util`` None: such GPUs are not alike); NaN with
+    fewer than three of them.
 
     Unlike ``RuleBook._runs_like_peers`` (which GPUs run the node's typical load), this is
     the GPU's own load, so a node half idle and half training gives each half its own."""
@@ -278,12 +293,17 @@ def _same_load_median(temp: npt.NDArray[np.float64], power: npt.NDArray[np.float
         out[nd, slot] = v[order]
         return out[node]  # (G, width): each GPU's node, in slot order
 
-    t_row, p_row, u_row = padded(temp), padded(power), padded(util)
+    t_row = padded(temp)
+    power = loads[:, 0]
+    read_p = np.isfinite(power)[:, None] & np.isfinite(padded(power))
+    same = read_p.copy()
     with np.errstate(invalid="ignore"):
-        by_power = np.abs(p_row - power[:, None]) <= np.maximum(0.2 * np.abs(power), 50.0)[:, None]
-        by_util = np.abs(u_row - util[:, None]) <= 0.15
-    read_p = np.isfinite(power)[:, None] & np.isfinite(p_row)
-    same = np.where(read_p, by_power, by_util) & np.isfinite(t_row)
+        for k in range(loads.shape[1]):
+            w = loads[:, k]
+            same &= np.abs(padded(w) - w[:, None]) <= np.maximum(0.2 * np.abs(w), 50.0)[:, None]
+        if util is not None:
+            same |= ~read_p & (np.abs(padded(util) - util[:, None]) <= 0.15)
+    same &= np.isfinite(t_row)
     n = same.sum(axis=1)
     ranked = np.sort(np.where(same, t_row, np.nan), axis=1)  # NaN last
     lo = np.take_along_axis(ranked, np.maximum(n - 1, 0)[:, None] // 2, axis=1)[:, 0]
@@ -301,6 +321,7 @@ class RuleBook:
               "stuck_flips", "stuck_like0",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_hot_since_ms",
+              "peer_offset", "peer_learned_s", "peer_hot_since_ms",
               "deficit_evidence_s", "cap_held_w",
               "burst")
 
@@ -384,6 +405,13 @@ class RuleBook:
         """... and the seconds at rest it was learned from."""
         self.rest_hot_since_ms = np.zeros(0, dtype=np.int64)
         """Since when it has read hot for its place at rest (0: it does not)."""
+        self.peer_offset = np.zeros((0, DWELL_BINS))
+        """Its usual reading above the median of its node's GPUs that drew its power, per
+        band of power (``_SEAT_BAND_W``): its seat ..."""
+        self.peer_learned_s = np.zeros((0, DWELL_BINS))
+        """... the seconds each band's seat was learned from ..."""
+        self.peer_hot_since_ms = np.zeros(0, dtype=np.int64)
+        """... and since when it has read hot for its seat (0: it does not)."""
         self.deficit_evidence_s = np.zeros(0)
         """Seconds of evidence that the GPU runs below its reference clock with no reason,
         weighted by how deep (0: it does not)."""
@@ -640,8 +668,9 @@ class RuleBook:
         # nothing.) Half the bar leaves room for seats: dies of one load differ by where they
         # sit, up to 8 degC apart at the cap, and the smallest fault, +9 degC, still stands
         # that far above the median from the coolest seat.
-        same_med = _same_load_median(temp, row[:, COL["power_usage_watts"]],
-                                     row[:, COL["utilization_ratio"]], ctx.node)
+        power = row[:, COL["power_usage_watts"]]
+        util = row[:, COL["utilization_ratio"]]
+        same_med = _same_load_median(temp, power[:, None], util, ctx.node)
         beside = np.where(np.isfinite(same_med), temp - same_med >= 0.5 * p.excess_c, True)
         hot = finite & (excess >= bar) & beside
         # Evidence, in seconds of steps at which every plausible lag accuses. A step at which
@@ -663,10 +692,13 @@ class RuleBook:
         self.excess_evidence_s[ids] = evidence
         cond[:, 6] = hot & (evidence >= p.excess_after_s)
         val[:, 6] = np.where(finite, excess, 0.0)
-        util = row[:, COL["utilization_ratio"]]
         rest_hot, rest_dev = self._hot_at_rest(ids, temp, util, dt_s, ts_ms, ctx.node)
         val[:, 6] = np.where(rest_hot & ~cond[:, 6], rest_dev, val[:, 6])
         cond[:, 6] |= rest_hot
+        peer_hot, peer_dev = self._hot_beside_peers(ids, temp, power, ctx.power_smoothed_w,
+                                                    dt_s, ts_ms, ctx.node)
+        val[:, 6] = np.where(peer_hot & ~cond[:, 6], peer_dev, val[:, 6])
+        cond[:, 6] |= peer_hot
         # A busy GPU clocked below where it should run, with no reason reported.
         clock = row[:, COL["sm_clock_hertz"]]
         ref = ctx.clock_ref_hz
@@ -794,6 +826,46 @@ class RuleBook:
         hot_since = held_since(was, hot, ts_ms)
         self.rest_hot_since_ms[ids] = hot_since
         return (hot & (ts_ms - hot_since >= p.excess_after_s * 1000),
+                np.where(judged, dev, 0.0))
+
+    def _hot_beside_peers(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
+                          power: npt.NDArray[np.float64], smoothed: npt.NDArray[np.float64],
+                          dt_s: npt.NDArray[np.float64], ts_ms: int, node: npt.NDArray[np.intp]
+                          ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
+        """``thermal_excess`` judged without a thermal model: a die hot for its seat among
+        the node's GPUs that drew its power (the condition, held ``excess_after_s``; how far
+        above their median it reads).
+
+        Dies of one node share its inlet. Those that drew the same power at every time
+        scale a die may follow (now, and smoothed with each candidate lag, so a die still
+        hot from a job its peers did not run is not compared with them) took in the same
+        heat, and differ by their seats alone: where each sits in the airflow or on the
+        loop, a difference that grows with the power and is learned per band of it. A die
+        ``peer_excess_c`` above their median beyond its learned seat (above the median
+        outright while none is learned) passes its heat through a degraded path. The
+        thermal model judges only a power it has learned for minutes, and a node whose load
+        keeps moving may never give it one: a held-out zoo missed a die 25 degC above its
+        seven peers at their power for eight minutes (zoo-1054: liquid, 1 degC sensors)."""
+        p = self.params
+        heat = np.concatenate([power[:, None], smoothed], axis=1)
+        dev = temp - _same_load_median(temp, heat, None, node)
+        judged = np.isfinite(dev)
+        band = np.clip(np.nan_to_num(power / _SEAT_BAND_W).astype(np.int64), 0, DWELL_BINS - 1)
+        offset = self.peer_offset[ids, band]
+        seen = self.peer_learned_s[ids, band]
+        learned = seen >= p.rest_learn_s
+        above = np.where(learned, dev - offset, dev)
+        hot = judged & (above >= p.peer_excess_c)
+        # Learn the seat from readings that look like one (as ``_hot_at_rest`` does).
+        near = judged & ~hot & (
+            np.abs(above) < np.where(learned, 0.5, 1.0) * p.peer_excess_c)
+        w = np.minimum(1.0, dt_s / p.rest_learn_s)
+        self.peer_offset[ids, band] = np.where(
+            near, np.where(seen <= 0, dev, offset + (dev - offset) * w), offset)
+        self.peer_learned_s[ids, band] = np.where(near, seen + dt_s, seen)
+        since = held_since(self.peer_hot_since_ms[ids], hot, ts_ms)
+        self.peer_hot_since_ms[ids] = since
+        return (hot & (ts_ms - since >= p.excess_after_s * 1000),
                 np.where(judged, dev, 0.0))
 
     def step(

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from detector.config import AlertConfig, DetectorConfig, ModelConfig, RackModelConfig
+from detector.config import AlertConfig, DetectorConfig, ModelConfig, RackModelConfig, RulesConfig
 from detector.features import COL, COUNTER_COLS, GATHERED
 from detector.shard import DetectorShard
 from fleetpulse.transport import Transport
@@ -82,8 +82,8 @@ def recorded_rows(temp_c: npt.NDArray[np.float64], power_w: npt.NDArray[np.float
     return x
 
 
-_RECORDED_SCALE = {"temp_deci_c": 10.0, "temp_half_c": 2.0, "power_mw": 1000.0,
-                   "power_deciwatts": 10.0, "util_pct": 100.0}
+_RECORDED_SCALE = {"temp_deci_c": 10.0, "temp_half_c": 2.0, "temp_c": 1.0, "power_mw": 1000.0,
+                   "power_deciwatts": 10.0, "power_w": 1.0, "util_pct": 100.0}
 """Each integer field a ``tests/fixtures/zoo`` recording may hold, and what it is divided by
 to give degrees, watts or a utilisation ratio (each recording keeps its sensor's resolution
 in as few bytes as it needs)."""
@@ -101,22 +101,26 @@ def load_recorded(path: Path, limit_w: float) -> npt.NDArray[np.float64]:
     return recorded_rows(field("temp_"), field("power_"), field("util_"), limit_w)
 
 
-def rules_shard(paths: list[str], rack: bool = False
+def rules_shard(paths: list[str], rack: bool = False, rules: RulesConfig | None = None
                 ) -> tuple[DetectorShard, npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """A default detector without the per-GPU forests (the rules under test), the rack model
-    only if asked, with ``paths`` (``.../rack/node/gpu``) registered."""
+    """A default detector without the per-GPU forests (the rules under test, default ones
+    unless ``rules``), the rack model only if asked, with ``paths`` (``.../rack/node/gpu``)
+    registered."""
     shard = DetectorShard(DetectorConfig(model=ModelConfig(enabled=False),
-                                         rack=RackModelConfig(enabled=rack)))
+                                         rack=RackModelConfig(enabled=rack),
+                                         rules=rules or RulesConfig()))
     nodes = [p.rsplit("/", 1)[0] for p in paths]
     ids, node_ids = shard.register(paths, [n.rsplit("/", 1)[0] for n in nodes], nodes)
     return shard, ids, node_ids
 
 
-def replay_node(rows: npt.NDArray[np.float64], step_ms: int) -> list[AlertRecord]:
+def replay_node(rows: npt.NDArray[np.float64], step_ms: int, rules: RulesConfig | None = None
+                ) -> list[AlertRecord]:
     """The alerts of a rules-only shard (``rules_shard``) over one node's recorded rows
     (``recorded_rows``: steps x GPUs), fed 300 steps a call as a consumer's batches would."""
     steps, gpus = rows.shape[:2]
-    shard, ids, nodes = rules_shard([f"c/row-0/rack-0/node-0/gpu-{g}" for g in range(gpus)])
+    shard, ids, nodes = rules_shard([f"c/row-0/rack-0/node-0/gpu-{g}" for g in range(gpus)],
+                                    rules=rules)
     ts = T0_MS + step_ms * np.arange(steps, dtype=np.int64)
     alerts: list[AlertRecord] = []
     for s in range(0, steps, 300):

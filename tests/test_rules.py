@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from test_detector_support import healthy, small_config, timestamps
 
+from detector.config import RulesConfig
 from detector.features import COL
 from detector.shard import DetectorShard
 from schemas.records import AlertRecord, AlertState, Severity
@@ -12,8 +13,8 @@ from schemas.records import AlertRecord, AlertState, Severity
 RACK = "c1/row-a/rack-1"
 
 
-def _shard() -> tuple[DetectorShard, np.ndarray, np.ndarray]:
-    shard = DetectorShard(small_config())
+def _shard(rules: RulesConfig | None = None) -> tuple[DetectorShard, np.ndarray, np.ndarray]:
+    shard = DetectorShard(small_config() if rules is None else small_config(rules=rules))
     paths = [f"{RACK}/node-{g // 4}/gpu-{g % 4}" for g in range(8)]
     ids, nodes = shard.register(paths, [RACK] * 8, [p.rsplit("/", 1)[0] for p in paths])
     return shard, ids, nodes
@@ -139,13 +140,16 @@ def test_thermal_excess_fires_on_a_gpu_hotter_than_its_own_model_not_on_a_node_w
 
 def test_thermal_excess_does_not_accuse_a_gpu_whose_node_peers_run_cooler_than_their_models(
 ) -> None:
-    shard, ids, nodes = _shard()
+    # The thermal-model path alone: the path that needs no model compares readings at one
+    # power outright, and by it a die 12 degC above three that draw its power on its inlet
+    # is hot (``peer_excess_c``).
+    shard, ids, nodes = _shard(RulesConfig(peer_excess_c=float("inf")))
     data = healthy(2000, 8, seed=4)
     temp = COL["temperature_celsius"]
-    # Node 1: three of its four GPUs read 12 degC cooler than before from step 1700 (a job
-    # ended on them and their models have it wrong, or their inlet cooled); GPU 4 goes on
-    # reading what its own model predicts. It is not "hotter than its peers": peers that
-    # run cooler than their models take out no shared heat, so they accuse nothing.
+    # Node 1: three of its four GPUs read 12 degC cooler than before from step 1700 (their
+    # models have it wrong); GPU 4 goes on reading what its own model predicts. It is not
+    # "hotter than its model and its peers": peers that run cooler than their models take
+    # out no shared heat, so they accuse nothing.
     data[1700:, 5:8, temp] -= np.round(np.minimum(np.arange(300) / 100.0, 1.0) * 12.0)[:, None]
     # Node 0: GPU 2 heats as in the test above, and is still found.
     data[1700:, 2, temp] += np.round(np.minimum(np.arange(300) / 100.0, 1.0) * 14.0)
