@@ -62,6 +62,7 @@ __all__ = [
     "gather",
     "group_median",
     "node_median",
+    "same_load_median",
 ]
 
 
@@ -204,6 +205,64 @@ def group_median(
     """Median of the finite ``values`` of each run of equal ``groups`` (groups contiguous)."""
     return _group_median(np.ascontiguousarray(values, dtype=np.float64),
                          np.ascontiguousarray(groups, dtype=np.int64))
+
+
+@numba.njit(cache=True)
+def _same_load_median(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float64],
+                      util: npt.NDArray[np.float64], use_util: bool,
+                      order: npt.NDArray[np.int64], starts: npt.NDArray[np.int64],
+                      out: npt.NDArray[np.float64]) -> None:  # pragma: no cover - compiled
+    buf = np.empty(order.shape[0])
+    for n in range(starts.shape[0] - 1):
+        lo, hi = starts[n], starts[n + 1]
+        for i in range(lo, hi):
+            g = order[i]
+            m = 0
+            for j in range(lo, hi):
+                h = order[j]
+                if not np.isfinite(temp[h]):
+                    continue
+                if np.isfinite(loads[g, 0]) and np.isfinite(loads[h, 0]):
+                    alike = True
+                    for k in range(loads.shape[1]):
+                        w = loads[g, k]
+                        if not abs(loads[h, k] - w) <= max(0.2 * abs(w), 50.0):
+                            alike = False
+                            break
+                else:
+                    alike = use_util and abs(util[h] - util[g]) <= 0.15
+                if alike:
+                    buf[m] = temp[h]
+                    m += 1
+            if m >= 3:
+                part = np.sort(buf[:m])
+                out[g] = 0.5 * (part[(m - 1) // 2] + part[m // 2])
+            else:
+                out[g] = np.nan
+
+
+def same_load_median(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float64],
+                     util: npt.NDArray[np.float64] | None, node: npt.NDArray[np.intp]
+                     ) -> npt.NDArray[np.float64]:
+    """Each GPU's median die temperature over its node's GPUs (itself included) that run its
+    load: power within a fifth of its own (50 W at least) in every column of ``loads``
+    (G, k: power now, or also smoothed over time scales), or, where either reads no power
+    now, utilisation within 15 points (``util`` None: such GPUs are not alike); NaN with
+    fewer than three of them (two cannot outvote each other).
+
+    Unlike a node's median over the GPUs at its typical load, this is each GPU's own load,
+    so a node half idle and half training gives each half its own."""
+    out = np.full(len(node), np.nan)
+    if len(node) == 0:
+        return out
+    order = np.argsort(node, kind="stable").astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(node))]).astype(np.int64)
+    _same_load_median(np.ascontiguousarray(temp, dtype=np.float64),
+                      np.ascontiguousarray(loads, dtype=np.float64),
+                      np.ascontiguousarray(np.zeros(len(node)) if util is None else util,
+                                           dtype=np.float64),
+                      util is not None, order, starts, out)
+    return out
 
 
 def held_since(since_ms: npt.NDArray[np.int64], cond: npt.NDArray[np.bool_],

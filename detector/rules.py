@@ -123,7 +123,14 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from detector.features import COL, THROTTLE_SW_THERMAL, RuleContext, held_since, node_median
+from detector.features import (
+    COL,
+    THROTTLE_SW_THERMAL,
+    RuleContext,
+    held_since,
+    node_median,
+    same_load_median,
+)
 from detector.thermal_model import DWELL_BINS, TAUS_S
 from schemas.records import Severity
 
@@ -268,47 +275,6 @@ def _peer_median(values: npt.NDArray[np.float64], node: npt.NDArray[np.intp],
     med = node_median(v, node)
     count = np.bincount(node, weights=has.astype(np.float64))[node]
     return np.where(count >= 3, med, np.nan)
-
-
-def _same_load_median(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float64],
-                      util: npt.NDArray[np.float64] | None, node: npt.NDArray[np.intp]
-                      ) -> npt.NDArray[np.float64]:
-    """Each GPU's median die temperature over its node's GPUs (itself included) that run its
-    load: power within a fifth of its own (50 W at least) in every column of ``loads``
-    (G, k: power now, or also smoothed over time scales), or, where either reads no power
-    now, utilisation within 15 points (``util`` None: such GPUs are not alike); NaN with
-    fewer than three of them.
-
-    Unlike ``RuleBook._runs_like_peers`` (which GPUs run the node's typical load), this is
-    the GPU's own load, so a node half idle and half training gives each half its own."""
-    if len(node) == 0:
-        return np.zeros(0)
-    order = np.argsort(node, kind="stable")
-    nd = node[order]
-    counts = np.bincount(nd)
-    slot = np.arange(len(nd)) - (np.cumsum(counts) - counts)[nd]
-
-    def padded(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        out = np.full((len(counts), int(counts.max())), np.nan)
-        out[nd, slot] = v[order]
-        return out[node]  # (G, width): each GPU's node, in slot order
-
-    t_row = padded(temp)
-    power = loads[:, 0]
-    read_p = np.isfinite(power)[:, None] & np.isfinite(padded(power))
-    same = read_p.copy()
-    with np.errstate(invalid="ignore"):
-        for k in range(loads.shape[1]):
-            w = loads[:, k]
-            same &= np.abs(padded(w) - w[:, None]) <= np.maximum(0.2 * np.abs(w), 50.0)[:, None]
-        if util is not None:
-            same |= ~read_p & (np.abs(padded(util) - util[:, None]) <= 0.15)
-    same &= np.isfinite(t_row)
-    n = same.sum(axis=1)
-    ranked = np.sort(np.where(same, t_row, np.nan), axis=1)  # NaN last
-    lo = np.take_along_axis(ranked, np.maximum(n - 1, 0)[:, None] // 2, axis=1)[:, 0]
-    hi = np.take_along_axis(ranked, (n // 2)[:, None], axis=1)[:, 0]
-    return np.where(n >= 3, 0.5 * (lo + hi), np.nan)
 
 
 class RuleBook:
@@ -670,7 +636,7 @@ class RuleBook:
         # that far above the median from the coolest seat.
         power = row[:, COL["power_usage_watts"]]
         util = row[:, COL["utilization_ratio"]]
-        same_med = _same_load_median(temp, power[:, None], util, ctx.node)
+        same_med = same_load_median(temp, power[:, None], util, ctx.node)
         beside = np.where(np.isfinite(same_med), temp - same_med >= 0.5 * p.excess_c, True)
         hot = finite & (excess >= bar) & beside
         # Evidence, in seconds of steps at which every plausible lag accuses. A step at which
@@ -848,7 +814,7 @@ class RuleBook:
         seven peers at their power for eight minutes (zoo-1054: liquid, 1 degC sensors)."""
         p = self.params
         heat = np.concatenate([power[:, None], smoothed], axis=1)
-        dev = temp - _same_load_median(temp, heat, None, node)
+        dev = temp - same_load_median(temp, heat, None, node)
         judged = np.isfinite(dev)
         band = np.clip(np.nan_to_num(power / _SEAT_BAND_W).astype(np.int64), 0, DWELL_BINS - 1)
         offset = self.peer_offset[ids, band]
