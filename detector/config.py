@@ -107,12 +107,17 @@ class RackModelConfig:
     average ..."""
     heat_after_s: float = 60.0
     """... for this long (it resolves at the first window below half of it)."""
+    heat_baseline_s: float = 3600.0
+    """... above the rack's own baseline, learned over this many seconds from the windows near
+    it: the models' lag on an inlet that drifts with the day (at most about 1 degC an hour)
+    is left a degree behind, while a cooling fault (minutes) outruns it."""
 
     def validate(self) -> None:
         if self.window_s <= 0 or self.open_after < 1 or self.resolve_after < 1:
             raise ConfigError("rack: window_s > 0, open_after >= 1, resolve_after >= 1")
-        if self.heat_excess_c <= 0 or self.heat_after_s < 0:
-            raise ConfigError("rack: heat_excess_c > 0 and heat_after_s >= 0 required")
+        if self.heat_excess_c <= 0 or self.heat_after_s < 0 or self.heat_baseline_s <= 0:
+            raise ConfigError("rack: heat_excess_c > 0, heat_after_s >= 0 and "
+                              "heat_baseline_s > 0 required")
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,16 @@ own thermal model predicts for its power. So per rack and closed window of
 that is has learned the power they run at): the rule opens once the mean has stayed at
 ``excess_c`` or more for ``after_s``. A workload cannot produce it: a job that starts or
 ends moves power, which the models account for, and on a rack of dozens of GPUs their
-errors average out. An inlet that swings with the day is learned by the models' four-hour
-memory.
+errors average out.
+
+An inlet that drifts with the day is not a fault, yet the models follow it only as fast as
+their four-hour memory lets them: a daily swing of 4 degC drifts by up to 1 degC an hour,
+and the models trail that by about 4 degC, all of a rack together (a held-out soak paged on
+zoo-1149's rack so, its mean rising from 0.1 to 4 degC over seven hours). A cooling fault
+arrives in minutes (2 to 30), a daily drift over hours. So the rule judges the mean against
+the rack's own baseline, learned over ``baseline_s`` from the windows that lie near it (less
+than half of ``excess_c`` off, and no alert open): a drift of 1 degC an hour leaves it a
+degree behind at most, while a fault outruns it within minutes and stops its learning.
 
 Both premises need models that know the power: a model's guess at a power it has not
 learned is not an error that averages out, since a job moves a whole rack to the new power
@@ -51,11 +59,16 @@ class RackHeat:
     """Per-rack hot timer, open flag, and what the recovery needs: peak, last mean, how many
     windows in a row it fell, and the floor a re-heat is measured from."""
 
-    ARRAYS = ("hot_since_ms", "open", "peak_c", "last_c", "falling", "floor_c")
+    ARRAYS = ("hot_since_ms", "open", "peak_c", "last_c", "falling", "floor_c", "base_c")
 
-    def __init__(self, excess_c: float, after_s: float) -> None:
+    def __init__(self, excess_c: float, after_s: float, window_s: float, baseline_s: float
+                 ) -> None:
         self.excess_c = excess_c
         self.after_ms = int(after_s * 1000)
+        self.learn = min(1.0, window_s / baseline_s)
+        """Weight of one window in the baseline."""
+        self.base_c = np.zeros(0, dtype=np.float64)
+        """The rack's baseline mean residual (its models' lag on the daily drift)."""
         self.hot_since_ms = np.zeros(0, dtype=np.int64)
         self.open = np.zeros(0, dtype=bool)
         self.peak_c = np.zeros(0, dtype=np.float64)
@@ -74,10 +87,12 @@ class RackHeat:
              judged: npt.NDArray[np.float64], end_ms: npt.NDArray[np.int64]
              ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Advance closed windows (one per rack): the judged GPUs' mean residual and the
-        share of GPU-steps judged; returns (rows opened, rows resolved)."""
+        share of GPU-steps judged; returns (rows opened, rows resolved). The mean is judged
+        above the rack's baseline (``base_c``)."""
         counts = judged >= JUDGED_SHARE
         racks, end_ms = racks[counts], end_ms[counts]
-        x = mean_resid_c[counts]
+        base = self.base_c[racks]
+        x = mean_resid_c[counts] - base
         rows = np.flatnonzero(counts)
         cool = x < 0.5 * self.excess_c
         # A recovered rack's floor follows its decay down and is gone once it is cool.
@@ -99,6 +114,8 @@ class RackHeat:
         self.last_c[racks] = x
         self.falling[racks] = falling
         self.floor_c[racks] = floor
+        near = ~self.open[racks] & (np.abs(x) < 0.5 * self.excess_c)
+        self.base_c[racks] = np.where(near, base + self.learn * x, base)
         return rows[opens], rows[resolves]
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:

@@ -113,7 +113,8 @@ class DetectorShard:
                             std_floor=mc.std_floor),
             EpisodeParams(rc.open_after, 4, rc.resolve_after, config.alerts.cooldown_s))
         self.rack_windows = RackWindows(rc.window_s)
-        self.rack_heat = RackHeat(rc.heat_excess_c, rc.heat_after_s)
+        self.rack_heat = RackHeat(rc.heat_excess_c, rc.heat_after_s, rc.window_s,
+                                  rc.heat_baseline_s)
         # Registry: entity paths <-> dense ids.
         self.gpu_ids: dict[str, int] = {}
         self.gpu_paths: list[str] = []
