@@ -55,6 +55,10 @@ JUDGED_SHARE = 0.5
 count: a mean over a few GPUs of a rack is one GPU's error, not a rack's."""
 
 
+RESOLVE_SHARE = 0.25
+"""Share of a window's GPU-steps judged that is enough to end an open alert (not to open one)."""
+
+
 class RackHeat:
     """Per-rack hot timer, open flag, and what the recovery needs: peak, last mean, how many
     windows in a row it fell, and the floor a re-heat is measured from."""
@@ -89,6 +93,16 @@ class RackHeat:
         """Advance closed windows (one per rack): the judged GPUs' mean residual and the
         share of GPU-steps judged; returns (rows opened, rows resolved). The mean is judged
         above the rack's baseline (``base_c``)."""
+        # A window with too few judged GPUs to open may still close: a cooling fault warms
+        # every GPU of the rack, so a quarter of them judged cool says it is over. (A held-out
+        # zoo kept an alert open three minutes past a fault's end that way: a job had moved
+        # half the rack to powers its models had not learned, zoo-1186.)
+        partial = (judged >= RESOLVE_SHARE) & ~(judged >= JUDGED_SHARE) & self.open[racks]
+        ends = partial & (mean_resid_c - self.base_c[racks] < 0.5 * self.excess_c)
+        self.open[racks[ends]] = False
+        self.hot_since_ms[racks[ends]] = 0
+        self.floor_c[racks[ends]] = 0.0
+        ended = np.flatnonzero(ends)
         counts = judged >= JUDGED_SHARE
         racks, end_ms = racks[counts], end_ms[counts]
         base = self.base_c[racks]
@@ -116,7 +130,7 @@ class RackHeat:
         self.floor_c[racks] = floor
         near = ~self.open[racks] & (np.abs(x) < 0.5 * self.excess_c)
         self.base_c[racks] = np.where(near, base + self.learn * x, base)
-        return rows[opens], rows[resolves]
+        return rows[opens], np.concatenate([ended, rows[resolves]])
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:
         return {f"rack_heat.{k}": getattr(self, k).copy() for k in self.ARRAYS}

@@ -122,3 +122,20 @@ def test_a_cooling_fault_on_top_of_the_drift_is_found() -> None:
     fault = np.clip((t - start) / 1800.0, 0.0, 1.0) * 7.0 * (t < start + 3600.0)
     events = _run(mean + fault, judged)
     assert events[0][0] == "opened" and start < events[0][1] < start + 1800.0, events
+
+
+def test_a_quarter_of_the_rack_judged_cool_ends_an_alert_but_cannot_open_one() -> None:
+    # A cooling fault from 300 s to 1500 s; from 1200 s a job moves half the rack to powers
+    # its models have not learned, so a third of its GPU-steps are judged.
+    x = _cooling_fault(16.0)
+    t = np.arange(len(x)) * WINDOW_S
+    share = np.where(t >= 1200.0, 0.3, 1.0)
+    events = _run(x, share)
+    assert [e for e, _ in events] == ["opened", "resolved"], events
+    assert 1500.0 < events[1][1] <= 1500.0 + 60.0, events
+    # Still hot on those windows: it stays open.
+    assert [e for e, _ in _run(np.where(t >= 1200.0, 20.0, x), share)] == ["opened"]
+    # The same heat judged on a third of the rack from the start opens nothing.
+    assert _run(x, np.full(len(x), 0.3)) == []
+    # Below a quarter, a cool window says nothing either.
+    assert [e for e, _ in _run(x, np.where(t >= 1200.0, 0.2, 1.0))] == ["opened"]
