@@ -84,9 +84,12 @@ false pages studied (1031, 1040), so the next soak starts at index 48 (draw 1048
 Since then: 1048-1071 soaked at 2f37a17 (1058 studied), 1024-1029 and 1041-1046 zoo-run and
 studied, 1047-1052 zoo-run at 506da05, 1072-1097 soaked at 955a554 (1088 studied),
 1059-1064 zoo-run at 1aba66d (1060 studied), 1065-1070 zoo-run at 8d5f55b (its misses
-rerun on older code), 1098-1123 soaked at 8d5f55b (1119 studied). A draw soaked without a false page
-showed nothing to tune on, so the next zoo report may start at index 53 (draws 1053-1057)
-or past 1123, and the next soak at index 124 (draw 1124)."""
+rerun on older code), 1098-1123 soaked at 8d5f55b (1119 studied), 1053-1057 zoo-run at
+fa9655c (1054 studied), 1124-1149 soaked at fa9655c (1149 studied), 1150-1155 zoo-run at
+996b0f9, 1156-1181 soaked at 8ae769e, 1182-1187 zoo-run at 8ae769e (1186 studied),
+1188-1193 zoo-run at 18e4c53. A draw soaked without a false page showed nothing to tune on,
+but the next reports start past all of these: the next zoo at index 194 (draws 1194-1199),
+the next soak at index 200 (draw 1200)."""
 
 
 @dataclass(frozen=True, slots=True)
