@@ -87,9 +87,10 @@ studied, 1047-1052 zoo-run at 506da05, 1072-1097 soaked at 955a554 (1088 studied
 rerun on older code), 1098-1123 soaked at 8d5f55b (1119 studied), 1053-1057 zoo-run at
 fa9655c (1054 studied), 1124-1149 soaked at fa9655c (1149 studied), 1150-1155 zoo-run at
 996b0f9, 1156-1181 soaked at 8ae769e, 1182-1187 zoo-run at 8ae769e (1186 studied),
-1188-1193 zoo-run at 18e4c53. A draw soaked without a false page showed nothing to tune on,
-but the next reports start past all of these: the next zoo at index 194 (draws 1194-1199),
-the next soak at index 200 (draw 1200)."""
+1188-1193 zoo-run at 18e4c53, 1194 zoo-run on a change not kept (its figures not read). A
+draw soaked without a false page showed nothing to tune on, but the next reports start past
+all of these: the next zoo at index 195 (draws 1195-1200), the next soak at index 201 (draw
+1201)."""
 
 
 @dataclass(frozen=True, slots=True)
