@@ -55,6 +55,9 @@ from schemas.catalog import BY_NAME
 __all__ = [
     "FEATURES",
     "GATHERED",
+    "LOAD_MIN_W",
+    "LOAD_SHARE",
+    "LOAD_UTIL",
     "THROTTLE_HW_BITS",
     "THROTTLE_SW_THERMAL",
     "FeatureState",
@@ -207,6 +210,14 @@ def group_median(
                          np.ascontiguousarray(groups, dtype=np.int64))
 
 
+LOAD_SHARE: Final = 0.2
+LOAD_MIN_W: Final = 50.0
+"""Two GPUs run one load where their power is within ``LOAD_SHARE`` of the judged one's,
+``LOAD_MIN_W`` at least (idle draws differ by tens of watts) ..."""
+LOAD_UTIL: Final = 0.15
+"""... or, where either reads no power, their utilisation is within this."""
+
+
 @numba.njit(cache=True)
 def _same_load_median(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float64],
                       util: npt.NDArray[np.float64], use_util: bool,
@@ -226,11 +237,11 @@ def _same_load_median(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float
                     alike = True
                     for k in range(loads.shape[1]):
                         w = loads[g, k]
-                        if not abs(loads[h, k] - w) <= max(0.2 * abs(w), 50.0):
+                        if not abs(loads[h, k] - w) <= max(LOAD_SHARE * abs(w), LOAD_MIN_W):
                             alike = False
                             break
                 else:
-                    alike = use_util and abs(util[h] - util[g]) <= 0.15
+                    alike = use_util and abs(util[h] - util[g]) <= LOAD_UTIL
                 if alike:
                     buf[m] = temp[h]
                     m += 1

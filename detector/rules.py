@@ -125,6 +125,9 @@ import numpy.typing as npt
 
 from detector.features import (
     COL,
+    LOAD_MIN_W,
+    LOAD_SHARE,
+    LOAD_UTIL,
     THROTTLE_SW_THERMAL,
     RuleContext,
     held_since,
@@ -275,6 +278,18 @@ def _peer_median(values: npt.NDArray[np.float64], node: npt.NDArray[np.intp],
     med = node_median(v, node)
     count = np.bincount(node, weights=has.astype(np.float64))[node]
     return np.where(count >= 3, med, np.nan)
+
+
+def _learn_place(offset: npt.NDArray[np.float64], seen_s: npt.NDArray[np.float64],
+                 dev: npt.NDArray[np.float64], learn: npt.NDArray[np.bool_],
+                 dt_s: npt.NDArray[np.float64], learn_s: float
+                 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """A die's usual place among its peers (``offset``, learned from ``seen_s`` seconds) after
+    one step where ``learn``: the first reading sets it, later ones move it with a memory of
+    ``learn_s``."""
+    w = np.minimum(1.0, dt_s / learn_s)
+    moved = np.where(seen_s <= 0, dev, offset + (dev - offset) * w)
+    return np.where(learn, moved, offset), np.where(learn, seen_s + dt_s, seen_s)
 
 
 class RuleBook:
@@ -738,8 +753,8 @@ class RuleBook:
         has_p = np.isfinite(power)
         med_p = _peer_median(power, node, has_p)
         med_u = _peer_median(util, node, np.isfinite(util))
-        by_power = np.abs(power - med_p) <= np.maximum(0.2 * np.abs(med_p), 50.0)
-        by_util = np.abs(util - med_u) <= 0.15
+        by_power = np.abs(power - med_p) <= np.maximum(LOAD_SHARE * np.abs(med_p), LOAD_MIN_W)
+        by_util = np.abs(util - med_u) <= LOAD_UTIL
         return np.where(has_p & np.isfinite(med_p), by_power, by_util)
 
     def _hot_at_rest(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
@@ -782,13 +797,8 @@ class RuleBook:
         # (before anything is) within the learned bar of the median, so a hot die is not
         # taken for a warm seat.
         near = np.abs(above) < np.where(learned, 0.5 * p.rest_excess_c, p.rest_excess_c)
-        learn = judged & ~hot & near
-        w = np.minimum(1.0, dt_s / p.rest_learn_s)
-        seen = self.rest_learned_s[ids]
-        first = seen <= 0
-        self.rest_offset[ids] = np.where(
-            learn, np.where(first, dev, offset + (dev - offset) * w), offset)
-        self.rest_learned_s[ids] = np.where(learn, seen + dt_s, seen)
+        self.rest_offset[ids], self.rest_learned_s[ids] = _learn_place(
+            offset, self.rest_learned_s[ids], dev, judged & ~hot & near, dt_s, p.rest_learn_s)
         hot_since = held_since(was, hot, ts_ms)
         self.rest_hot_since_ms[ids] = hot_since
         return (hot & (ts_ms - hot_since >= p.excess_after_s * 1000),
@@ -823,12 +833,9 @@ class RuleBook:
         above = np.where(learned, dev - offset, dev)
         hot = judged & (above >= p.peer_excess_c)
         # Learn the seat from readings that look like one (as ``_hot_at_rest`` does).
-        near = judged & ~hot & (
-            np.abs(above) < np.where(learned, 0.5, 1.0) * p.peer_excess_c)
-        w = np.minimum(1.0, dt_s / p.rest_learn_s)
-        self.peer_offset[ids, band] = np.where(
-            near, np.where(seen <= 0, dev, offset + (dev - offset) * w), offset)
-        self.peer_learned_s[ids, band] = np.where(near, seen + dt_s, seen)
+        near = np.abs(above) < np.where(learned, 0.5, 1.0) * p.peer_excess_c
+        self.peer_offset[ids, band], self.peer_learned_s[ids, band] = _learn_place(
+            offset, seen, dev, judged & ~hot & near, dt_s, p.rest_learn_s)
         since = held_since(self.peer_hot_since_ms[ids], hot, ts_ms)
         self.peer_hot_since_ms[ids] = since
         return (hot & (ts_ms - since >= p.excess_after_s * 1000),
