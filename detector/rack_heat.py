@@ -22,9 +22,9 @@ degree behind at most, while a fault outruns it within minutes and stops its lea
 Both premises need models that know the power: a model's guess at a power it has not
 learned is not an error that averages out, since a job moves a whole rack to the new power
 together and the young models all guess alike. So only judged GPUs count, and a window in
-which fewer than ``JUDGED_SHARE`` of the rack's GPU-steps were judged says nothing: it
-neither starts nor ends heat, and an open alert stays as it is until the models judge
-again (a throttling rack moves to powers its models may not know).
+which fewer than ``JUDGED_SHARE`` of the rack's GPU-steps were judged cannot start heat; it
+may end an open alert (cool or decaying, below) where ``RESOLVE_SHARE`` of them were, and
+below that says nothing (a throttling rack moves to powers its models may not know).
 
 It resolves at the first window below half of ``excess_c`` (the rack is cool again), or
 sooner, once the trouble is over: when the mean has fallen in ``FALLING_WINDOWS`` windows in a
@@ -56,7 +56,8 @@ count: a mean over a few GPUs of a rack is one GPU's error, not a rack's."""
 
 
 RESOLVE_SHARE = 0.25
-"""Share of a window's GPU-steps judged that is enough to end an open alert (not to open one)."""
+"""Share of a window's GPU-steps judged that is enough to end an open alert, cool or decaying
+(never to open one)."""
 
 
 class RackHeat:
@@ -93,25 +94,24 @@ class RackHeat:
         """Advance closed windows (one per rack): the judged GPUs' mean residual and the
         share of GPU-steps judged; returns (rows opened, rows resolved). The mean is judged
         above the rack's baseline (``base_c``)."""
-        # A window with too few judged GPUs to open may still close: a cooling fault warms
-        # every GPU of the rack, so a quarter of them judged cool says it is over. (A held-out
-        # zoo kept an alert open three minutes past a fault's end that way: a job had moved
-        # half the rack to powers its models had not learned, zoo-1186.)
-        partial = (judged >= RESOLVE_SHARE) & ~(judged >= JUDGED_SHARE) & self.open[racks]
-        ends = partial & (mean_resid_c - self.base_c[racks] < 0.5 * self.excess_c)
-        self.open[racks[ends]] = False
-        self.hot_since_ms[racks[ends]] = 0
-        self.floor_c[racks[ends]] = 0.0
-        ended = np.flatnonzero(ends)
-        counts = judged >= JUDGED_SHARE
-        racks, end_ms = racks[counts], end_ms[counts]
+        # A window with too few judged GPUs to open may still close, cool or decaying: a
+        # cooling fault warms every GPU of the rack, so a quarter of them judged cool, or
+        # cooling down, says it is over. (A held-out zoo kept an alert open three minutes
+        # past a fault's end that way: a job had moved half the rack to powers its models
+        # had not learned, zoo-1186. And a model learns a power from readings it predicts,
+        # so a rack that changes power during its fault comes out of it with its models
+        # still learning: on tuning draw zoo-2 a third of the rack was judged as it
+        # recovered, and waiting for it to be cool kept the alert open 130 s longer.)
+        full = judged >= JUDGED_SHARE
+        counts = full | ((judged >= RESOLVE_SHARE) & self.open[racks])
+        racks, end_ms, full = racks[counts], end_ms[counts], full[counts]
         base = self.base_c[racks]
         x = mean_resid_c[counts] - base
         rows = np.flatnonzero(counts)
         cool = x < 0.5 * self.excess_c
         # A recovered rack's floor follows its decay down and is gone once it is cool.
         floor = np.where(cool, 0.0, np.minimum(self.floor_c[racks], np.maximum(x, 0.0)))
-        hot = (x >= self.excess_c) & (x >= floor + self.excess_c)
+        hot = full & (x >= self.excess_c) & (x >= floor + self.excess_c)
         since = held_since(self.hot_since_ms[racks], hot, end_ms)
         was = self.open[racks]
         falling = np.where(x < self.last_c[racks], self.falling[racks] + 1, 0)
@@ -128,9 +128,9 @@ class RackHeat:
         self.last_c[racks] = x
         self.falling[racks] = falling
         self.floor_c[racks] = floor
-        near = ~self.open[racks] & (np.abs(x) < 0.5 * self.excess_c)
+        near = full & ~self.open[racks] & (np.abs(x) < 0.5 * self.excess_c)
         self.base_c[racks] = np.where(near, base + self.learn * x, base)
-        return rows[opens], np.concatenate([ended, rows[resolves]])
+        return rows[opens], rows[resolves]
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:
         return {f"rack_heat.{k}": getattr(self, k).copy() for k in self.ARRAYS}

@@ -139,3 +139,18 @@ def test_a_quarter_of_the_rack_judged_cool_ends_an_alert_but_cannot_open_one() -
     assert _run(x, np.full(len(x), 0.3)) == []
     # Below a quarter, a cool window says nothing either.
     assert [e for e, _ in _run(x, np.where(t >= 1200.0, 0.2, 1.0))] == ["opened"]
+
+
+def test_a_quarter_of_the_rack_judged_and_decaying_ends_an_alert() -> None:
+    # A slow rack (90 s lags) recovering at 1500 s with a third of its GPU-steps judged (a
+    # job moved it to powers its models learn only from readings they predict, so not
+    # during the fault): its decay ends the alert as a fully judged one's would, about 0.7
+    # lags after the air recovers, not once its dies are cool, about 2.3 lags (tuning draw
+    # zoo-2 so kept an alert open 130 s longer).
+    x = _cooling_fault(90.0)
+    t = np.arange(len(x)) * WINDOW_S
+    share = np.where(t >= 1200.0, 0.3, 1.0)
+    events = _run(x, share)
+    assert [e for e, _ in events] == ["opened", "resolved"], events
+    assert 1500.0 < events[1][1] <= 1500.0 + 0.7 * 90.0 + 4 * WINDOW_S, events
+    assert events == _run(x)
