@@ -35,6 +35,13 @@ A rack that recovered that way and heats again must rise ``excess_c`` above the 
 of its recovery (``floor_c``), for ``after_s``, to open again: a slow decay that is still
 above ``excess_c`` is the same recovery, not a new fault.
 
+The baseline must be learned before the rule can open: a rack is hot only against how it
+usually runs, and until its models have agreed with its dies (windows near the baseline) for
+``LEARNED_S``, nothing says how that is. Young models on a slow die misjudge it alike across a
+rack: a held-out soak paged on a liquid-cooled rack (zoo-1207, 115 s lags) whose models, five
+minutes old when they first judged, put its mean 4.4 degC high and took nine minutes to agree
+with it.
+
 Vectorised over the racks of a call; the state is a few arrays per rack.
 """
 
@@ -55,6 +62,11 @@ JUDGED_SHARE = 0.5
 count: a mean over a few GPUs of a rack is one GPU's error, not a rack's."""
 
 
+LEARNED_S = 300.0
+"""Seconds of windows near its baseline a rack needs before the rule may open on it: five
+minutes, as a GPU's model needs at a power before it judges there (a rack's models that
+agree with its dies that long fit them)."""
+
 RESOLVE_SHARE = 0.25
 """Share of a window's GPU-steps judged that is enough to end an open alert, cool or decaying
 (never to open one)."""
@@ -64,7 +76,8 @@ class RackHeat:
     """Per-rack hot timer, open flag, and what the recovery needs: peak, last mean, how many
     windows in a row it fell, and the floor a re-heat is measured from."""
 
-    ARRAYS = ("hot_since_ms", "open", "peak_c", "last_c", "falling", "floor_c", "base_c")
+    ARRAYS = ("hot_since_ms", "open", "peak_c", "last_c", "falling", "floor_c", "base_c",
+              "learned_s")
 
     def __init__(self, excess_c: float, after_s: float, window_s: float, baseline_s: float
                  ) -> None:
@@ -72,8 +85,11 @@ class RackHeat:
         self.after_ms = int(after_s * 1000)
         self.learn = min(1.0, window_s / baseline_s)
         """Weight of one window in the baseline."""
+        self.window_s = window_s
         self.base_c = np.zeros(0, dtype=np.float64)
         """The rack's baseline mean residual (its models' lag on the daily drift)."""
+        self.learned_s = np.zeros(0, dtype=np.float64)
+        """Seconds of windows the baseline has learned from (counted up to ``LEARNED_S``)."""
         self.hot_since_ms = np.zeros(0, dtype=np.int64)
         self.open = np.zeros(0, dtype=bool)
         self.peak_c = np.zeros(0, dtype=np.float64)
@@ -111,7 +127,8 @@ class RackHeat:
         cool = x < 0.5 * self.excess_c
         # A recovered rack's floor follows its decay down and is gone once it is cool.
         floor = np.where(cool, 0.0, np.minimum(self.floor_c[racks], np.maximum(x, 0.0)))
-        hot = full & (x >= self.excess_c) & (x >= floor + self.excess_c)
+        learned = self.learned_s[racks] >= LEARNED_S
+        hot = full & learned & (x >= self.excess_c) & (x >= floor + self.excess_c)
         since = held_since(self.hot_since_ms[racks], hot, end_ms)
         was = self.open[racks]
         falling = np.where(x < self.last_c[racks], self.falling[racks] + 1, 0)
@@ -130,6 +147,8 @@ class RackHeat:
         self.floor_c[racks] = floor
         near = full & ~self.open[racks] & (np.abs(x) < 0.5 * self.excess_c)
         self.base_c[racks] = np.where(near, base + self.learn * x, base)
+        self.learned_s[racks] = np.minimum(self.learned_s[racks] + near * self.window_s,
+                                           LEARNED_S)
         return rows[opens], rows[resolves]
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:
@@ -139,7 +158,9 @@ class RackHeat:
         n = len(arrays["rack_heat.open"])
         for k in self.ARRAYS:
             dtype = getattr(self, k).dtype
-            # A checkpoint from before the recovery arrays: no rack is recovering.
+            # A checkpoint from before the recovery arrays: no rack is recovering; from
+            # before ``learned_s``: every rack's baseline had been learning all along.
             got = arrays.get(f"rack_heat.{k}")
-            setattr(self, k, np.zeros(n, dtype=dtype) if got is None
+            fill = LEARNED_S if k == "learned_s" else 0
+            setattr(self, k, np.full(n, fill, dtype=dtype) if got is None
                     else np.array(got, dtype=dtype))
