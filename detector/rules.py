@@ -301,7 +301,7 @@ class RuleBook:
               "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
               "stuck_flips", "stuck_like0",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
-              "rest_since_ms", "rest_offset", "rest_learned_s", "rest_hot_since_ms",
+              "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s",
               "peer_offset", "peer_learned_s", "peer_hot_since_ms",
               "deficit_evidence_s", "cap_held_w",
               "burst")
@@ -384,8 +384,9 @@ class RuleBook:
         the airflow or on the loop ..."""
         self.rest_learned_s = np.zeros(0)
         """... and the seconds at rest it was learned from."""
-        self.rest_hot_since_ms = np.zeros(0, dtype=np.int64)
-        """Since when it has read hot for its place at rest (0: it does not)."""
+        self.rest_evidence_s = np.zeros(0)
+        """Seconds of steps it has read hot for its place at rest (fading, see
+        ``_hot_at_rest``)."""
         self.peer_offset = np.zeros((0, DWELL_BINS))
         """Its usual reading above the median of its node's GPUs that drew its power, per
         band of power (``_SEAT_BAND_W``): its seat ..."""
@@ -762,7 +763,8 @@ class RuleBook:
                      node: npt.NDArray[np.intp]
                      ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
         """``thermal_excess`` judged without power: a die hot for its place in a node at rest
-        (the condition, held ``excess_after_s``; and how far above the node's median it is).
+        (the condition, with ``excess_after_s`` of evidence; and how far above the node's
+        median it is).
 
         When every GPU of a node has idled ``rest_settle_s``, their dies sit at inlet plus
         idle power times their heat path's resistance: the inlet is the node's, the idle
@@ -788,21 +790,29 @@ class RuleBook:
         learned = self.rest_learned_s[ids] >= p.rest_learn_s
         above = np.where(learned, dev - offset, dev)
         bar = np.where(learned, p.rest_excess_c, p.rest_unlearned_c)
-        # Once it has held ``excess_after_s``, half the bar keeps it (a whole-degree sensor
-        # and its peers' median each flicker by a degree; one low step must not reset it).
-        was = self.rest_hot_since_ms[ids]
-        held_long = (was > 0) & (ts_ms - was >= p.excess_after_s * 1000)
+        # Evidence, in seconds of hot steps, as the model path gathers it: a step below half
+        # the bar starts it over, one between half the bar and the bar (a whole-degree sensor
+        # and its peers' median each flicker by a degree) is no evidence either way and what
+        # was gathered fades over ``excess_after_s``. A held-out hot idle (zoo-1233: air,
+        # whole degrees, +6.5 to +9 degC beside seven resting peers for four minutes, 8 or
+        # more on 80 % of the steps) never read over the bar for more than 23 s in a row and
+        # was missed while each step under it started the count over. Once it has held,
+        # half the bar keeps it.
+        before = self.rest_evidence_s[ids]
+        held_long = before >= p.excess_after_s
         hot = judged & (above >= np.where(held_long, 0.5 * bar, bar))
+        cleared = judged & (above < 0.5 * bar)
+        evidence = np.where(hot, np.where(before > 0, before + dt_s, 1e-9),
+                            np.where(cleared, 0.0,
+                                     before * np.exp(-dt_s / p.excess_after_s)))
+        self.rest_evidence_s[ids] = evidence
         # Learn the place from readings that look like one: near what was learned, or
         # (before anything is) within the learned bar of the median, so a hot die is not
         # taken for a warm seat.
         near = np.abs(above) < np.where(learned, 0.5 * p.rest_excess_c, p.rest_excess_c)
         self.rest_offset[ids], self.rest_learned_s[ids] = _learn_place(
             offset, self.rest_learned_s[ids], dev, judged & ~hot & near, dt_s, p.rest_learn_s)
-        hot_since = held_since(was, hot, ts_ms)
-        self.rest_hot_since_ms[ids] = hot_since
-        return (hot & (ts_ms - hot_since >= p.excess_after_s * 1000),
-                np.where(judged, dev, 0.0))
+        return hot & (evidence >= p.excess_after_s), np.where(judged, dev, 0.0)
 
     def _hot_beside_peers(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
                           power: npt.NDArray[np.float64], smoothed: npt.NDArray[np.float64],

@@ -80,11 +80,16 @@ def test_a_learned_seat_lowers_the_bar_and_a_warm_seat_is_not_a_fault() -> None:
     got = _excess(shard, ids, nodes, data)
     assert [e for e, _ in got] == ["node-0/gpu-1"], got
     assert 1255 <= got[0][1] <= 1265, got
-    # the same heat before the seat is learned stays under the unlearned bar ...
+    # the same heat from before the seat is learned stays under the unlearned bar until it
+    # is (at 1000 s), and is found against the learned seat after that: the seat took in
+    # part of the heat (-0.5 degC learned, -1.5 before the heat), so the die reads 5.5-7
+    # above it, over the 6 degC bar on most steps, under it on others (a whole-degree
+    # sensor's flicker pauses the evidence rather than starting it over) ...
     shard, ids, nodes = _shard(nodes=1, learn_s=600.0)
     early = _resting(1500, 8, seed=3)
     early[800:, 1, temp] += 8.0
-    assert _excess(shard, ids, nodes, early) == []
+    got = _excess(shard, ids, nodes, early)
+    assert [e for e, _ in got] == ["node-0/gpu-1"] and got[0][1] >= 1060, got
     # ... and 10 degC above the median, more than twice any healthy resting spread, is
     # found without one
     shard, ids, nodes = _shard(nodes=1, learn_s=600.0)
@@ -116,3 +121,26 @@ def test_a_node_with_a_busy_gpu_or_still_cooling_is_not_judged() -> None:
     data[600:, :, temp] += np.round(35.0 * np.exp(-np.arange(900) / 15.0))[:, None]
     data[600:, 4, temp] += np.round(20.0 * cool)
     assert _excess(shard, ids, nodes, data) == []
+
+
+def test_a_hot_idle_die_that_flickers_under_the_bar_is_found_and_a_warm_one_is_not() -> None:
+    """Whole-degree readings around the bar: a held-out hot idle (zoo-1233, +6.5 to +9 degC
+    above seven resting peers, 8 or more on 80 % of the steps, never for more than 23 s in a
+    row) was missed while each step under the bar started the hold over."""
+    steps, temp = 1200, COL["temperature_celsius"]
+
+    def node(pattern: list[float]) -> list[tuple[str, int]]:
+        shard, ids, nodes = _shard(nodes=1)
+        data = _resting(steps, 8, seed=2)
+        data[:, :, temp] = 26.0
+        # GPU 3 from step 600, repeating: degrees above the median (the unlearned bar is 8)
+        reps = -(-(steps - 600) // len(pattern))
+        data[600:, 3, temp] += np.tile(pattern, reps)[:steps - 600]
+        return _excess(shard, ids, nodes, data)
+
+    hot = node([8.0] * 20 + [7.0] * 5)
+    assert [e for e, _ in hot] == ["node-0/gpu-3"] and 660 <= hot[0][1] <= 700, hot
+    # Over the bar a fifth of the time: a warm die, not a failed heat path.
+    assert node([7.0] * 20 + [8.0] * 5) == []
+    # A step below half the bar starts the evidence over.
+    assert node([8.0] * 50 + [3.0]) == []
