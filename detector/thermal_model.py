@@ -141,23 +141,18 @@ def _thermal_step(ids, temp, power, ts_ms, taus, last_ms, n, ema, mx, my, vxx, v
                     plaus[i, k] = rv[g, k] <= 4.0 * rv[g, b] + 0.25 or k == b
         if warm and dwell[g, bin_] < _DWELL_S and held_s[g] >= _NEW_HELD:
             continue  # a held reading teaches nothing about a power not yet learned
+        dwell[g, bin_] += dt
         # A reading far outside the model's usual error is learned at a fiftieth of the
         # weight: a fault (a die heating for twenty minutes at the same power) must not
         # teach the model that this is normal, while a lasting change is still learned
-        # over hours. It counts towards the time learned at this power at the same
-        # fraction: five minutes of readings the model gets wrong have taught it a
-        # fiftieth of five minutes, and judging there would accuse a healthy die of the
-        # model's own error (a held-out soak: a GPU idling after 11 h of training, read
-        # 28 degC as its peers did later, judged 9 degC hot).
+        # over hours.
         a = max(1.0 / (n[g] + 1.0), dt / _MEMORY_S)
         a_sel = max(1.0 / (n[g] + 1.0), dt / _SELECT_MEMORY_S)
         band = max(_BAND_MIN_C, _BAND_SCALES * scale[g])
         if warm and abs(r_best) > band:
             a *= _OUTLIER_WEIGHT
             a_sel *= _OUTLIER_WEIGHT
-            dwell[g, bin_] += dt * _OUTLIER_WEIGHT
         else:
-            dwell[g, bin_] += dt
             scale[g] += max(1.0 / (n[g] + 1.0), dt / _SCALE_MEMORY_S) * (abs(r_best)
                                                                          - scale[g])
         top = 0

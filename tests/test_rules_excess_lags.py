@@ -11,14 +11,6 @@ in percent. The node trains for hours with pipeline bubbles (one GPU at a time d
 settled at. GPU 3's fastest lag then predicted 50 degC, its slowest 28, for a die reading
 38 as its peers did; only the slowest had been plausible while it last ran as predicted,
 and the rule paged for 43 minutes.
-
-Two guards now keep it quiet. The rule asks every lag plausible now as well as those of the
-GPU's history (``RuleBook`` in ``detector.rules``). And since a later soak page (zoo-1159, a
-GPU idling after 11 h of training, judged 9 degC hot by a model that had only seen that
-power through readings it got wrong), a model's time learned at a power counts a reading
-outside its band at the weight it learns it, a fiftieth (``detector.thermal_model``). GPU 3
-is exactly such a model: every reading at idle falls outside its band, so it never judges
-there, while its seven peers, whose models learned idle, do.
 """
 
 from __future__ import annotations
@@ -33,7 +25,7 @@ from detector.features import COL
 FIXTURE = Path(__file__).parent / "fixtures" / "zoo" / "zoo1040_node_idle_after_bubbles.npz"
 
 
-def test_a_model_wrong_at_an_unsettled_power_accuses_nothing() -> None:
+def test_lags_that_disagree_at_an_unsettled_power_accuse_nothing() -> None:
     rows = load_recorded(FIXTURE, 400.0)
     steps, gpus = rows.shape[:2]
     # The rules are under test: no forests, no rack model.
@@ -45,8 +37,6 @@ def test_a_model_wrong_at_an_unsettled_power_accuses_nothing() -> None:
     pages = [(a.source, a.entity.rsplit("/", 1)[-1], (a.started_ms - T0_MS) // 1000)
              for a in alerts if a.source.startswith("rule:")]
     assert pages == [], pages
-    # The node did idle at the end, and its models judge there (not blind) except GPU 3's,
-    # which has not learned idle from readings it predicted.
+    # The node did idle at the end, with every GPU's thermal model judging (not blind).
     assert (rows[-600:, :, COL["utilization_ratio"]] == 0).all()
-    judged = np.isfinite(shard.features.last_resid)
-    assert judged.tolist() == [g != 3 for g in range(gpus)], judged
+    assert np.isfinite(shard.features.last_resid).all()
