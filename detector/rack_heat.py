@@ -114,10 +114,9 @@ class RackHeat:
         # cooling fault warms every GPU of the rack, so a quarter of them judged cool, or
         # cooling down, says it is over. (A held-out zoo kept an alert open three minutes
         # past a fault's end that way: a job had moved half the rack to powers its models
-        # had not learned, zoo-1186. And a model learns a power from readings it predicts,
-        # so a rack that changes power during its fault comes out of it with its models
-        # still learning: on tuning draw zoo-2 a third of the rack was judged as it
-        # recovered, and waiting for it to be cool kept the alert open 130 s longer.)
+        # had not learned, zoo-1186. Ending it only once those read cool, not as they
+        # decay, kept one open 130 s longer on tuning draw zoo-2, under a thermal model
+        # change since reverted that left a third of that rack judged as it recovered.)
         full = judged >= JUDGED_SHARE
         counts = full | ((judged >= RESOLVE_SHARE) & self.open[racks])
         racks, end_ms, full = racks[counts], end_ms[counts], full[counts]

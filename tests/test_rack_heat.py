@@ -149,10 +149,9 @@ def test_a_quarter_of_the_rack_judged_cool_ends_an_alert_but_cannot_open_one() -
 
 def test_a_quarter_of_the_rack_judged_and_decaying_ends_an_alert() -> None:
     # A slow rack (90 s lags) recovering at 1500 s with a third of its GPU-steps judged (a
-    # job moved it to powers its models learn only from readings they predict, so not
-    # during the fault): its decay ends the alert as a fully judged one's would, about 0.7
-    # lags after the air recovers, not once its dies are cool, about 2.3 lags (tuning draw
-    # zoo-2 so kept an alert open 130 s longer).
+    # job moved part of it to powers its models had not learned): its decay ends the alert
+    # as a fully judged one's would, about 0.7 lags after the air recovers, not once its
+    # dies are cool, about 2.3 lags (tuning draw zoo-2 so kept an alert open 130 s longer).
     x = _cooling_fault(90.0)
     t = np.arange(len(x)) * WINDOW_S
     share = np.where(t >= 1200.0, 0.3, 1.0)
