@@ -92,9 +92,10 @@ draw soaked without a false page showed nothing to tune on, but the next reports
 all of these: the next zoo at index 195 (draws 1195-1200), the next soak at index 201 (draw
 1201). Then: 1195-1200 zoo-run at 33e7e02 (1197 studied), 1201-1206 at 6154e57, 1207-1232
 soaked at 6154e57 (1207 studied), 1233-1238 zoo-run at 7808442 (1233 studied), 1239-1247
-soaked at 7808442 (stopped after 8 parts), 1265-1270 zoo-run and 1271-1296 soaked at
-db41651; the draws now run to 1599 (the mapping of draws below 300 is unchanged), so the
-next zoo starts at index 300 (draw 1300), the next soak at index 306 (draw 1306)."""
+soaked at 7808442 (stopped after 8 parts), 1265-1270 zoo-run at db41651 (1269 studied),
+1300-1305 zoo-run and 1271-1296 soaked at c163dcd (1248-1264 and 1297-1299 not run). The
+draws now run to 1599 (the mapping of draws below 300 is unchanged), so the next zoo
+starts at index 306 (draw 1306), the next soak at index 312 (draw 1312)."""
 
 
 @dataclass(frozen=True, slots=True)
