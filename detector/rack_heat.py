@@ -112,6 +112,12 @@ class RackHeat:
         """Advance closed windows (one per rack): the judged GPUs' mean residual and the
         share of GPU-steps judged; returns (rows opened, rows resolved). The mean is judged
         above the rack's baseline (``base_c``)."""
+        # Seen near its baseline (not while an alert is open): the rack's models fit it.
+        agree = ((judged >= RESOLVE_SHARE) & ~self.open[racks]
+                 & (np.abs(mean_resid_c - self.base_c[racks]) < 0.5 * self.excess_c))
+        self.learned_s[racks] = np.where(
+            agree, np.minimum(self.learned_s[racks] + self.window_s, LEARNED_S),
+            self.learned_s[racks])
         # A window with too few judged GPUs to open may still close, cool or decaying: a
         # cooling fault warms every GPU of the rack, so a quarter of them judged cool, or
         # cooling down, says it is over. (A held-out zoo kept an alert open three minutes
@@ -119,12 +125,6 @@ class RackHeat:
         # had not learned, zoo-1186. Ending it only once those read cool, not as they
         # decay, kept one open 130 s longer on tuning draw zoo-2, under a thermal model
         # change since reverted that left a third of that rack judged as it recovered.)
-        # Seen near its baseline (not while an alert is open): the rack's models fit it.
-        agree = ((judged >= RESOLVE_SHARE) & ~self.open[racks]
-                 & (np.abs(mean_resid_c - self.base_c[racks]) < 0.5 * self.excess_c))
-        self.learned_s[racks] = np.where(
-            agree, np.minimum(self.learned_s[racks] + self.window_s, LEARNED_S),
-            self.learned_s[racks])
         full = judged >= JUDGED_SHARE
         counts = full | ((judged >= RESOLVE_SHARE) & self.open[racks])
         racks, end_ms, full = racks[counts], end_ms[counts], full[counts]

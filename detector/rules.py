@@ -292,6 +292,16 @@ def _learn_place(offset: npt.NDArray[np.float64], seen_s: npt.NDArray[np.float64
     return np.where(learn, moved, offset), np.where(learn, seen_s + dt_s, seen_s)
 
 
+def _gather(before: npt.NDArray[np.float64], on: npt.NDArray[np.bool_],
+            clear: npt.NDArray[np.bool_], gain_s: npt.NDArray[np.float64],
+            dt_s: npt.NDArray[np.float64], fade_s: float) -> npt.NDArray[np.float64]:
+    """Evidence in seconds after one step: a step ``on`` adds ``gain_s`` (the first counts no
+    time yet: a tiny mark says it began), one that clears starts it over, and any other is
+    no evidence either way, what was gathered fading over ``fade_s``."""
+    faded = np.where(clear, 0.0, before * np.exp(-dt_s / fade_s))
+    return np.where(on, np.where(before > 0, before + gain_s, 1e-9), faded)
+
+
 class RuleBook:
     """Rule state for models 0..n-1: consecutive-true runs, last time true, open episodes."""
 
@@ -668,9 +678,7 @@ class RuleBook:
                                                axis=1), np.nan)
         cleared = finite & (~(then >= bar) | ~beside)
         before = self.excess_evidence_s[ids]
-        evidence = np.where(hot, np.where(before > 0, before + dt_s, 1e-9),
-                            np.where(cleared, 0.0,
-                                     before * np.exp(-dt_s / p.excess_after_s)))
+        evidence = _gather(before, hot, cleared, dt_s, dt_s, p.excess_after_s)
         self.excess_evidence_s[ids] = evidence
         cond[:, 6] = hot & (evidence >= p.excess_after_s)
         val[:, 6] = np.where(finite, excess, 0.0)
@@ -725,8 +733,7 @@ class RuleBook:
         rate = np.clip(deficit / (2.0 * p.deficit_ratio), 1.0, 4.0)
         clear = known & ((reasons != 0) | ((util >= 0.3) & (deficit < p.deficit_ratio)))
         before = self.deficit_evidence_s[ids]
-        faded = np.where(clear, 0.0, before * np.exp(-dt_s / p.deficit_after_s))
-        evidence = np.where(low, np.where(before > 0, before + rate * dt_s, 1e-9), faded)
+        evidence = _gather(before, low, clear, rate * dt_s, dt_s, p.deficit_after_s)
         self.deficit_evidence_s[ids] = evidence
         cond[:, 7] = low & (evidence >= p.deficit_after_s)
         val[:, 7] = np.where(low, deficit, 0.0)
@@ -802,9 +809,7 @@ class RuleBook:
         held_long = before >= p.excess_after_s
         hot = judged & (above >= np.where(held_long, 0.5 * bar, bar))
         cleared = judged & (above < 0.5 * bar)
-        evidence = np.where(hot, np.where(before > 0, before + dt_s, 1e-9),
-                            np.where(cleared, 0.0,
-                                     before * np.exp(-dt_s / p.excess_after_s)))
+        evidence = _gather(before, hot, cleared, dt_s, dt_s, p.excess_after_s)
         self.rest_evidence_s[ids] = evidence
         # Learn the place from readings that look like one: near what was learned, or
         # (before anything is) within the learned bar of the median, so a hot die is not
