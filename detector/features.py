@@ -64,6 +64,7 @@ __all__ = [
     "RuleContext",
     "gather",
     "group_median",
+    "group_quantile",
     "node_median",
     "same_load_median",
 ]
@@ -183,8 +184,8 @@ def gather(
 
 
 @numba.njit(cache=True)
-def _group_median(values: npt.NDArray[np.float64], groups: npt.NDArray[np.int64]
-                  ) -> npt.NDArray[np.float64]:  # pragma: no cover - compiled
+def _group_quantile(values: npt.NDArray[np.float64], groups: npt.NDArray[np.int64], q: float
+                    ) -> npt.NDArray[np.float64]:  # pragma: no cover - compiled
     n = values.shape[0]
     out = np.full(n, np.nan)
     start = 0
@@ -195,19 +196,28 @@ def _group_median(values: npt.NDArray[np.float64], groups: npt.NDArray[np.int64]
         seg = values[start:end]
         finite = seg[np.isfinite(seg)]
         if finite.size:
-            med = np.median(finite)
+            v = np.quantile(finite, q)
             for i in range(start, end):
-                out[i] = med
+                out[i] = v
         start = end
     return out
+
+
+def group_quantile(
+    values: npt.NDArray[np.float64], groups: npt.NDArray[np.int64], q: float
+) -> npt.NDArray[np.float64]:
+    """The ``q`` quantile (linear between order statistics) of the finite ``values`` of each
+    run of equal ``groups`` (groups contiguous), on every row of the run; NaN for a run
+    with none."""
+    return _group_quantile(np.ascontiguousarray(values, dtype=np.float64),
+                           np.ascontiguousarray(groups, dtype=np.int64), float(q))
 
 
 def group_median(
     values: npt.NDArray[np.float64], groups: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.float64]:
     """Median of the finite ``values`` of each run of equal ``groups`` (groups contiguous)."""
-    return _group_median(np.ascontiguousarray(values, dtype=np.float64),
-                         np.ascontiguousarray(groups, dtype=np.int64))
+    return group_quantile(values, groups, 0.5)
 
 
 LOAD_SHARE: Final = 0.2

@@ -4,17 +4,19 @@ Cooling trouble of a rack (a failing CDU or fan wall, a blocked door, a warm ais
 every GPU in it a little. No single GPU looks wrong against its node peers (they warm too,
 which is why the per-GPU ``thermal_excess`` rule subtracts them), but each is hotter than its
 own thermal model predicts for its power. So per rack and closed window of
-``detector.rack_windows`` (the mean residual, degC, of the GPUs whose model judges them,
-that is has learned the power they run at): the rule opens once the mean has stayed at
-``excess_c`` or more for ``after_s``. A workload cannot produce it: a job that starts or
-ends moves power, which the models account for, and on a rack of dozens of GPUs their
-errors average out.
+``detector.rack_windows``, the rule reads the rack's heat: the lower quartile of the
+residuals, degC, of the GPUs whose model judges them (that is, has learned the power they
+run at), so three quarters of them run that much hotter than their models. It opens once
+that has stayed at ``excess_c`` or more for ``after_s``. A workload cannot produce it: a
+job that starts or ends moves power, which the models account for, and where the models of
+a node or a job share a mistake (a lag they have wrong under one rhythm, zoo-1292), the
+other GPUs of the rack hold the quartile down.
 
 An inlet that drifts with the day is not a fault, yet the models follow it only as fast as
 their four-hour memory lets them: a daily swing of 4 degC drifts by up to 1 degC an hour,
 and the models trail that by about 4 degC, all of a rack together (a held-out soak paged on
 zoo-1149's rack so, its mean rising from 0.1 to 4 degC over seven hours). A cooling fault
-arrives in minutes (2 to 30), a daily drift over hours. So the rule judges the mean against
+arrives in minutes (2 to 30), a daily drift over hours. So the rule judges the heat against
 the rack's own baseline, learned over ``baseline_s`` from the windows that lie near it (less
 than half of ``excess_c`` off, and no alert open): a drift of 1 degC an hour leaves it a
 degree behind at most, while a fault outruns it within minutes and stops its learning.
@@ -27,11 +29,11 @@ may end an open alert (cool or decaying, below) where ``RESOLVE_SHARE`` of them 
 below that says nothing (a throttling rack moves to powers its models may not know).
 
 It resolves at the first window below half of ``excess_c`` (the rack is cool again), or
-sooner, once the trouble is over: when the mean has fallen in ``FALLING_WINDOWS`` windows in a
+sooner, once the trouble is over: when the heat has fallen in ``FALLING_WINDOWS`` windows in a
 row to half of its peak or less. A die cools with its thermal lag after its air recovers, so
 waiting for it to be cool kept the alert open for up to three lags (minutes, on liquid-cooled
-dies) past the trouble; a mean that halves and keeps falling is that cooling, not trouble.
-A rack that recovered that way and heats again must rise ``excess_c`` above the lowest mean
+dies) past the trouble; a heat that halves and keeps falling is that cooling, not trouble.
+A rack that recovered that way and heats again must rise ``excess_c`` above the lowest heat
 of its recovery (``floor_c``), for ``after_s``, to open again: a slow decay that is still
 above ``excess_c`` is the same recovery, not a new fault.
 
@@ -59,7 +61,7 @@ FALLING_WINDOWS = 2
 
 JUDGED_SHARE = 0.5
 """Share of a window's GPU-steps that must be judged by their models for the window to
-count: a mean over a few GPUs of a rack is one GPU's error, not a rack's."""
+count: a quartile over a few GPUs of a rack is one GPU's error, not a rack's."""
 
 
 LEARNED_S = 60.0
@@ -75,7 +77,7 @@ RESOLVE_SHARE = 0.25
 
 
 class RackHeat:
-    """Per-rack hot timer, open flag, and what the recovery needs: peak, last mean, how many
+    """Per-rack hot timer, open flag, and what the recovery needs: peak, last heat, how many
     windows in a row it fell, and the floor a re-heat is measured from."""
 
     ARRAYS = ("hot_since_ms", "open", "peak_c", "last_c", "falling", "floor_c", "base_c",
@@ -89,7 +91,7 @@ class RackHeat:
         """Weight of one window in the baseline."""
         self.window_s = window_s
         self.base_c = np.zeros(0, dtype=np.float64)
-        """The rack's baseline mean residual (its models' lag on the daily drift)."""
+        """The rack's baseline heat (its models' lag on the daily drift)."""
         self.learned_s = np.zeros(0, dtype=np.float64)
         """Seconds of windows seen near the baseline (counted up to ``LEARNED_S``)."""
         self.hot_since_ms = np.zeros(0, dtype=np.int64)
@@ -106,15 +108,15 @@ class RackHeat:
                 arr = getattr(self, k)
                 setattr(self, k, np.concatenate([arr, np.zeros(extra, dtype=arr.dtype)]))
 
-    def step(self, racks: npt.NDArray[np.int64], mean_resid_c: npt.NDArray[np.float64],
+    def step(self, racks: npt.NDArray[np.int64], heat_c: npt.NDArray[np.float64],
              judged: npt.NDArray[np.float64], end_ms: npt.NDArray[np.int64]
              ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """Advance closed windows (one per rack): the judged GPUs' mean residual and the
-        share of GPU-steps judged; returns (rows opened, rows resolved). The mean is judged
+        """Advance closed windows (one per rack): the rack's heat (``Closed.heat_c``) and the
+        share of GPU-steps judged; returns (rows opened, rows resolved). The heat is judged
         above the rack's baseline (``base_c``)."""
         # Seen near its baseline (not while an alert is open): the rack's models fit it.
         agree = ((judged >= RESOLVE_SHARE) & ~self.open[racks]
-                 & (np.abs(mean_resid_c - self.base_c[racks]) < 0.5 * self.excess_c))
+                 & (np.abs(heat_c - self.base_c[racks]) < 0.5 * self.excess_c))
         self.learned_s[racks] = np.where(
             agree, np.minimum(self.learned_s[racks] + self.window_s, LEARNED_S),
             self.learned_s[racks])
@@ -129,7 +131,7 @@ class RackHeat:
         counts = full | ((judged >= RESOLVE_SHARE) & self.open[racks])
         racks, end_ms, full = racks[counts], end_ms[counts], full[counts]
         base = self.base_c[racks]
-        x = mean_resid_c[counts] - base
+        x = heat_c[counts] - base
         rows = np.flatnonzero(counts)
         cool = x < 0.5 * self.excess_c
         # A recovered rack's floor follows its decay down and is gone once it is cool.

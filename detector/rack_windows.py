@@ -14,14 +14,21 @@ Rack features (``RACK_FEATURES``): mean temperature, mean temperature residual, 
 temperature, mean power fraction and mean utilisation (the GPU features' units), and the
 fraction of GPU-steps with a throttle bit.
 
-Beside them each window keeps the rack heat rule's own mean (``Closed.heat_c``): the
-residual, degC, of only the GPU-steps whose thermal model judges them (it has learned the
-power they run at), and the share of the window's GPU-steps that were judged. The forest's
-residual feature counts every warm model at any power; that is fine for a score learned
-over the rack's history, but a mean that a rule compares with a fixed 4 degC must not
-include a model's guess at a power it never saw, which is what a whole rack's young models
-make together when a job moves them all to a new power at once (zoo-1058: a 4.1 degC mean
-over all GPUs where the judged ones averaged 0.6).
+Beside them each window keeps the rack heat rule's own figure (``Closed.heat_c``): over the
+GPUs whose thermal model judged them in the window (it has learned the power they run at),
+each one's mean residual, degC, and of those the lower quartile: three quarters of the
+rack's judged GPUs run at least that much hotter than their models. And the share of the
+window's GPU-steps that were judged. The forest's residual feature averages every warm
+model at any power; that is fine for a score learned over the rack's history, but a figure
+that a rule compares with a fixed 4 degC must not include a model's guess at a power it
+never saw, which is what a whole rack's young models make together when a job moves them
+all to a new power at once (zoo-1058: a 4.1 degC mean over all GPUs where the judged ones
+averaged 0.6). Nor may it follow the GPUs of a node or a job that share one mistake: a
+cooling fault warms every GPU of the rack, while models misjudge a workload together, and
+a mean over the rack then reads the mistake of half of it. A held-out soak paged twice on
+zoo-1292 so (air-cooled dies of 2 s lag under pipeline bubbles): the models of the nodes
+that went idle after the job predicted their idle 9-11 degC too cool, and the rack's mean
+read 4.4 degC with the other half of it within a degree of their models.
 """
 
 from __future__ import annotations
@@ -31,7 +38,10 @@ from typing import Final, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["RACK_FEATURES", "RACK_SOURCE_COLUMNS", "RACK_WEIGHTS", "Closed", "RackWindows"]
+from detector.features import group_quantile
+
+__all__ = ["HEAT_QUANTILE", "RACK_FEATURES", "RACK_SOURCE_COLUMNS", "RACK_WEIGHTS", "Closed",
+           "RackWindows"]
 
 RACK_FEATURES: Final = (
     "rack_temperature",
@@ -47,6 +57,10 @@ averages; the last is turned into "any throttle bit" before averaging."""
 RACK_WEIGHTS: Final = (1.0, 2.0, 1.0, 1.0, 1.0, 2.0)
 """Scale of each rack feature over the GPU units: a rack mean is far less noisy than one
 GPU, so the residual (1 unit = 1 degC here) and the throttling fraction weigh double."""
+HEAT_QUANTILE: Final = 0.25
+"""The quantile of the judged GPUs' residuals that is the rack's heat: up to three quarters
+of a rack may share a mistake of their models without moving it; a cooling fault moves
+all of them."""
 
 
 class Closed(NamedTuple):
@@ -58,23 +72,31 @@ class Closed(NamedTuple):
     means: npt.NDArray[np.float32]
     """The rack features, weighted (``RACK_WEIGHTS``)."""
     heat_c: npt.NDArray[np.float64]
-    """Mean residual of the judged GPU-steps, degC; NaN where none was judged."""
+    """Lower quartile over the judged GPUs of each one's mean residual in the window, degC
+    (``HEAT_QUANTILE``); NaN where none was judged."""
     judged: npt.NDArray[np.float64]
     """Share of the window's GPU-steps whose model judged them."""
 
 
 class RackWindows:
-    """Two open event-time windows per rack id; arrays grow with the racks."""
+    """Two open event-time windows per rack id; arrays grow with the racks (and, for the
+    heat figure, with the GPUs: a GPU's sums sit in its rack's slot, tagged with the window
+    they belong to)."""
 
-    ARRAYS = ("win", "sums", "counts", "heat_sums", "heat_counts")
+    ARRAYS = ("win", "sums", "counts", "heat_counts")
+    GPU_ARRAYS = ("gpu_rack", "gpu_win", "gpu_heat_sums", "gpu_heat_counts")
 
     def __init__(self, window_s: float) -> None:
         self.window_ms = int(window_s * 1000)
         self.win = np.full((0, 2), -1, dtype=np.int64)
         self.sums = np.zeros((0, 2, len(RACK_FEATURES)))
         self.counts = np.zeros((0, 2))
-        self.heat_sums = np.zeros((0, 2))
         self.heat_counts = np.zeros((0, 2))
+        """Judged GPU-steps per rack window (the judged share's numerator)."""
+        self.gpu_rack = np.full(0, -1, dtype=np.int64)
+        self.gpu_win = np.full((0, 2), -1, dtype=np.int64)
+        self.gpu_heat_sums = np.zeros((0, 2))
+        self.gpu_heat_counts = np.zeros((0, 2))
         self.late = 0
 
     def ensure(self, n: int) -> None:
@@ -83,13 +105,21 @@ class RackWindows:
             self.win = np.concatenate([self.win, np.full((extra, 2), -1, dtype=np.int64)])
             self.sums = np.concatenate([self.sums, np.zeros((extra, 2, len(RACK_FEATURES)))])
             self.counts = np.concatenate([self.counts, np.zeros((extra, 2))])
-            self.heat_sums = np.concatenate([self.heat_sums, np.zeros((extra, 2))])
             self.heat_counts = np.concatenate([self.heat_counts, np.zeros((extra, 2))])
 
-    def add(self, rack_ids: npt.NDArray[np.int64], feats: npt.NDArray[np.float32],
-            judged_c: npt.NDArray[np.float64], ts_ms: int) -> Closed:
-        """Add one step of GPU features (rows of GPUs in racks ``rack_ids``) and each GPU's
-        judged residual (degC, NaN where its model does not judge it).
+    def ensure_gpus(self, n: int) -> None:
+        extra = n - len(self.gpu_rack)
+        if extra > 0:
+            self.gpu_rack = np.concatenate([self.gpu_rack, np.full(extra, -1, dtype=np.int64)])
+            self.gpu_win = np.concatenate([self.gpu_win, np.full((extra, 2), -1, dtype=np.int64)])
+            self.gpu_heat_sums = np.concatenate([self.gpu_heat_sums, np.zeros((extra, 2))])
+            self.gpu_heat_counts = np.concatenate([self.gpu_heat_counts, np.zeros((extra, 2))])
+
+    def add(self, rack_ids: npt.NDArray[np.int64], gpu_ids: npt.NDArray[np.int64],
+            feats: npt.NDArray[np.float32], judged_c: npt.NDArray[np.float64], ts_ms: int
+            ) -> Closed:
+        """Add one step of GPU features (rows of GPUs ``gpu_ids`` in racks ``rack_ids``) and
+        each GPU's judged residual (degC, NaN where its model does not judge it).
 
         Returns the windows this step closed.
         """
@@ -102,8 +132,6 @@ class RackWindows:
         np.add.at(sums, inv, x)
         counts = np.bincount(inv, minlength=len(racks)).astype(np.float64)
         judged = np.isfinite(judged_c)
-        heat_sums = np.bincount(inv, weights=np.where(judged, judged_c, 0.0),
-                                minlength=len(racks))
         heat_counts = np.bincount(inv, weights=judged.astype(np.float64), minlength=len(racks))
 
         cur = self.win[racks, slot]
@@ -118,32 +146,76 @@ class RackWindows:
         c = self.counts[out_racks, slot]
         out_feats = (self.sums[out_racks, slot] / np.maximum(c, 1.0)[:, None]
                      * np.asarray(RACK_WEIGHTS)).astype(np.float32)
-        hc = self.heat_counts[out_racks, slot]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out_heat = self.heat_sums[out_racks, slot] / hc
-        out_judged = hc / np.maximum(c, 1.0)
+        out_heat = self._heat(out_racks, cur[closing], slot)
+        out_judged = self.heat_counts[out_racks, slot] / np.maximum(c, 1.0)
         fresh = ~late & (cur != w)
         self.win[racks[fresh], slot] = w
         self.sums[racks[fresh], slot] = 0.0
         self.counts[racks[fresh], slot] = 0.0
-        self.heat_sums[racks[fresh], slot] = 0.0
         self.heat_counts[racks[fresh], slot] = 0.0
         ok = ~late
         self.sums[racks[ok], slot] += sums[ok]
         self.counts[racks[ok], slot] += counts[ok]
-        self.heat_sums[racks[ok], slot] += heat_sums[ok]
         self.heat_counts[racks[ok], slot] += heat_counts[ok]
+        # Each GPU's own sums, in its rack's slot (started anew for a new window).
+        rows = ok[inv] & judged
+        g = gpu_ids[rows]
+        self.gpu_rack[gpu_ids] = rack_ids
+        stale = self.gpu_win[g, slot] != w
+        self.gpu_win[g, slot] = w
+        self.gpu_heat_sums[g[stale], slot] = 0.0
+        self.gpu_heat_counts[g[stale], slot] = 0.0
+        np.add.at(self.gpu_heat_sums[:, slot], g, judged_c[rows])
+        np.add.at(self.gpu_heat_counts[:, slot], g, 1.0)
         keep = c > 0
         return Closed(out_racks[keep], out_start[keep], out_feats[keep], out_heat[keep],
                       out_judged[keep])
 
+    def _heat(self, racks: npt.NDArray[np.int64], windows: npt.NDArray[np.int64], slot: int
+              ) -> npt.NDArray[np.float64]:
+        """The heat figure (``HEAT_QUANTILE`` of the judged GPUs' mean residuals) of each
+        rack's window ``windows`` in ``slot``; NaN where no GPU was judged."""
+        out = np.full(len(racks), np.nan)
+        if not len(racks):
+            return out
+        window_of = np.full(len(self.win), -1, dtype=np.int64)
+        window_of[racks] = windows
+        known = self.gpu_rack >= 0
+        g = np.flatnonzero(known)
+        g = g[(self.gpu_win[g, slot] == window_of[self.gpu_rack[g]])
+              & (self.gpu_heat_counts[g, slot] > 0)]
+        if not len(g):
+            return out
+        means = self.gpu_heat_sums[g, slot] / self.gpu_heat_counts[g, slot]
+        order = np.argsort(self.gpu_rack[g], kind="stable")
+        grouped = self.gpu_rack[g][order]
+        q = group_quantile(means[order], grouped, HEAT_QUANTILE)
+        first = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
+        row_of = np.full(len(self.win), -1, dtype=np.int64)
+        row_of[racks] = np.arange(len(racks))
+        out[row_of[grouped[first]]] = q[first]
+        return out
+
     def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:
-        return {f"rack_windows.{k}": getattr(self, k).copy() for k in self.ARRAYS}
+        return {f"rack_windows.{k}": getattr(self, k).copy()
+                for k in (*self.ARRAYS, *self.GPU_ARRAYS)}
 
     def load_arrays(self, arrays: dict[str, npt.NDArray[np.generic]]) -> None:
-        """Restore; a checkpoint from before the heat mean restarts it with the next window
+        """Restore; a checkpoint from before the heat figure restarts it with the next window
         (its open windows count nothing judged, so the rule waits for one)."""
         for k in self.ARRAYS:
             got = arrays.get(f"rack_windows.{k}")
             setattr(self, k, np.zeros(self.win.shape) if got is None
                     else np.array(got, dtype=getattr(self, k).dtype))
+        if any(f"rack_windows.{k}" not in arrays for k in self.GPU_ARRAYS):
+            self.heat_counts[:] = 0.0
+            n = len(self.gpu_rack)
+            self.gpu_rack = np.full(0, -1, dtype=np.int64)
+            self.gpu_win = np.full((0, 2), -1, dtype=np.int64)
+            self.gpu_heat_sums = np.zeros((0, 2))
+            self.gpu_heat_counts = np.zeros((0, 2))
+            self.ensure_gpus(n)
+            return
+        for k in self.GPU_ARRAYS:
+            setattr(self, k, np.array(arrays[f"rack_windows.{k}"],
+                                      dtype=getattr(self, k).dtype))

@@ -178,6 +178,7 @@ class DetectorShard:
         r = len(self.rack_paths)
         self.rack_bank.ensure(r)
         self.rack_windows.ensure(r)
+        self.rack_windows.ensure_gpus(n)
         self.rack_heat.ensure(r)
 
     # -- processing -------------------------------------------------------------------
@@ -368,7 +369,7 @@ class DetectorShard:
 
         # Rack windows -> rack forest.
         if self.config.rack.enabled and len(vi):
-            closed = self.rack_windows.add(rack_rows[vi], feats[vi],
+            closed = self.rack_windows.add(rack_rows[vi], vids, feats[vi],
                                            self.features.last_resid[vids], ts)
             if len(closed.racks):
                 out.extend(self._rack_step(closed))
@@ -441,17 +442,18 @@ class DetectorShard:
         for r in resolved:
             out.append(self._resolve(self.rack_paths[int(racks[r])], src, int(end[r]),
                                      float(batch.scores[r])))
-        # The rack heat rule, on the same windows: the judged GPUs' mean residual in degC.
+        # The rack heat rule, on the same windows: the lower quartile of the judged GPUs'
+        # residuals, degC.
         resid_c = closed.heat_c
         h_open, h_res = self.rack_heat.step(racks, resid_c, closed.judged, end)
         for r in h_open:
             path = self.rack_paths[int(racks[r])]
             out.append(self._fire(
                 path, "rack", "rule:rack_heat", Severity.WARNING,
-                f"rack runs {resid_c[r]:.1f} degC hotter than its GPUs' thermal models "
-                "(cooling trouble?)", float(resid_c[r]), self.config.rack.heat_excess_c,
-                int(end[r]), (Attribution("fleetpulse_gpu_temperature_celsius", "high", 1.0),),
-                {"window_s": self.config.rack.window_s, "mean_excess_c": round(
+                f"three quarters of the rack's judged GPUs run {resid_c[r]:.1f} degC or more "
+                "hotter than their thermal models (cooling trouble?)", float(resid_c[r]),
+                self.config.rack.heat_excess_c, int(end[r]), (Attribution("fleetpulse_gpu_temperature_celsius", "high", 1.0),),
+                {"window_s": self.config.rack.window_s, "excess_c": round(
                     float(resid_c[r]), 2)}))
         for r in h_res:
             out.append(self._resolve(self.rack_paths[int(racks[r])], "rule:rack_heat",

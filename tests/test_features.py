@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 from test_detector_support import healthy
 
-from detector.features import COL, FEATURES, GATHERED, FeatureState, gather, group_median
+from detector.features import (
+    COL,
+    FEATURES,
+    GATHERED,
+    FeatureState,
+    gather,
+    group_median,
+    group_quantile,
+)
 from schemas.catalog import BY_NAME
 
 F = {f.name: i for i, f in enumerate(FEATURES)}
@@ -80,6 +88,10 @@ def test_group_median_handles_runs_and_nan() -> None:
     out = group_median(v, g)
     np.testing.assert_array_equal(out[:6], [2, 2, 2, 20, 20, 20])
     assert np.isnan(out[6])
+    # The lower quartile, linear between order statistics as numpy's.
+    q = group_quantile(v, g, 0.25)
+    np.testing.assert_allclose(q[:6], [1.5, 1.5, 1.5, 15.0, 15.0, 15.0])
+    assert np.isnan(q[6])
 
 
 def test_temperature_residual_flags_a_stuck_sensor_but_not_normal_swings() -> None:
