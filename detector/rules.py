@@ -46,7 +46,9 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              half of ``stuck_predicted_c`` for ``rest_settle_s`` (their dies
                              had settled), and it has moved ``stuck_predicted_c`` since, and
                              so has the median of the peers running its load (where three
-                             do): dies of one node under one load move together, while
+                             do), and its own power moved by a fifth (50 W at least) since,
+                             where power is read: dies of one node under one load move
+                             together, as their load moves them, while
                              peers under other loads move the node's median alone, and
                              peers joining or leaving its load move the other alone; or
                              while it had run their load for ``rest_settle_s``, their
@@ -254,6 +256,10 @@ housekeeping kernels on an idle board)."""
 _UNLIKE_GRACE_S: Final = 15.0
 """Seconds of a freeze a GPU may spend off its node peers' load and still be judged by them
 (``temperature_stuck``): GPUs of one job start and stop a tick or two apart."""
+_LOAD_LAG_S: Final = 15.0
+"""Time scale of the power a load is told by (``temperature_stuck``'s peer path): long enough
+to smooth a training rhythm or pipeline bubbles, short enough to follow a job's start."""
+_LOAD_LAG: Final = int(np.flatnonzero(TAUS_S == _LOAD_LAG_S)[0])
 CAP_HOLDS: Final = 0.95
 """Share of where a power cap holds a GPU (its capped peers' power, or its limit) it must draw
 for a power-cap bit to explain a low clock. Power read at the cap sits within a few percent
@@ -309,7 +315,7 @@ class RuleBook:
               "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus", "stuck_kmin", "stuck_kmax", "stuck_err",
               "stuck_swung_ms", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
               "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
-              "stuck_flips", "stuck_like0",
+              "stuck_flips", "stuck_like0", "stuck_w0",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s",
               "peer_offset", "peer_learned_s", "peer_hot_since_ms",
@@ -353,8 +359,10 @@ class RuleBook:
         """... the median reading then of the peers running the node's load (NaN: fewer than
         three) ..."""
         self.stuck_load0 = np.zeros(0)
-        """... and whether the GPU had run its peers' load for ``rest_settle_s`` then (1) or
-        not (0)."""
+        """... whether the GPU had run its peers' load for ``rest_settle_s`` then (1) or
+        not (0) ..."""
+        self.stuck_w0 = np.zeros(0)
+        """... and its power then, smoothed over ``_LOAD_LAG_S`` (W)."""
         self.stuck_like_ms = np.zeros(0, dtype=np.int64)
         """Since when the GPU has run its node peers' load (0: it does not)."""
         self.stuck_pm_ref = np.zeros(0)
@@ -593,6 +601,21 @@ class RuleBook:
         self.stuck_like0[ids] = np.where(fresh, like_med, self.stuck_like0[ids])
         self.stuck_load0[ids] = np.where(fresh, settled_like & peers_settled,
                                          self.stuck_load0[ids])
+        w_now = ctx.power_smoothed_w[:, _LOAD_LAG]
+        self.stuck_w0[ids] = np.where(fresh, w_now, self.stuck_w0[ids])
+        # ... and its own load must have moved since: the peers at its load moved because
+        # that load did, which moves its die too. Peers that moved while its power held left
+        # its load, whatever some of their readings say, and tell nothing of its die. (A
+        # held-out soak paged on two GPUs that way, zoo-1277: air, 27 s lags, two GPUs at
+        # 500 W reading 56 and 57 degC, while two peers left that load for a rhythm of
+        # seconds around 290 W and cooled 13 degC, half of their readings, taken once a
+        # second, still catching full power.) An old checkpoint's freeze has no power
+        # (0 W) and is judged as before.
+        # Where no power is read, the load is told by utilisation (``_runs_like_peers``) and
+        # this cannot be asked.
+        w0 = self.stuck_w0[ids]
+        load_moved = ~np.isfinite(row[:, COL["power_usage_watts"]]) | (
+            np.abs(w_now - w0) > np.maximum(LOAD_SHARE * np.fmax(w_now, w0), LOAD_MIN_W))
         # ... and through the freeze: a die that worked on alone while its peers idled
         # (a job on part of the node) sits where its own load put it, and when they start
         # again their median passes its reading on the way up. (A held-out soak paged on a
@@ -602,7 +625,7 @@ class RuleBook:
         self.stuck_unlike_s[ids] = unlike_s
         moved = np.abs(peer_med - self.stuck_peer0[ids])
         moved_like = np.abs(like_med - self.stuck_like0[ids])
-        apart = (base & like & (self.stuck_load0[ids] > 0) & np.isfinite(moved)
+        apart = (base & like & (self.stuck_load0[ids] > 0) & load_moved & np.isfinite(moved)
                  & (unlike_s <= _UNLIKE_GRACE_S) & (moved >= bar)
                  & (np.isnan(moved_like) | (moved_like >= bar)))
         peer_ms = held_since(self.stuck_peer_ms[ids], apart, ts_ms)

@@ -21,6 +21,18 @@ rotating bubble takes one or two of them to 100 W every few tens of seconds, and
 starts work at about 1,880 s. GPU 7 reads a right 60.8 degC at the cap throughout. The
 median of the GPUs at its power jumped 4.4 degC as GPU 6 joined them and a cool stage left
 them in a bubble; that fix paged GPU 7 at 1,988 s, and the node's median moved 2.4 degC.
+
+The third (``fixtures/zoo/zoo1277_node_rhythm_sampled_at_one_phase.npz``) is one node of the
+held-out soak that paged on it: ``benchmarks.detection_soak --split heldout --draws-from 271
+--pages-only --parts 26 --gpus 256 --hours 12`` at c163dcd, part 6, draw zoo-1277 (air, a
+27 s lag, whole-degree sensors with little noise, a 500 W limit, 10 Hz run at 1 Hz), GPUs
+216-223, seconds 36,000-39,900 in whole degrees, tenths of a watt and percent. GPUs 1 and 5
+run at 490-500 W from 39,260 s on and read a right 56 and 57 degC throughout. At about
+39,690 s GPUs 2 and 6 leave that load for a rhythm of seconds around 290 W and cool from 55
+to 42 degC; read once a second, half their readings still catch full power, so at those
+seconds they count among the peers at the held GPUs' power. The old path paged GPUs 1 and 5
+at 39,789 s: the median of the peers at their power had fallen 13 degC, while their own
+power had not moved.
 """
 
 from __future__ import annotations
@@ -78,3 +90,23 @@ def test_a_gpu_at_the_cap_among_pipeline_stages_is_not_stuck() -> None:
     before, after = (1872 - 400) // 2, (1992 - 400) // 2
     assert at_cap_median(after) - at_cap_median(before) >= 4.0
     assert np.median(temp[after]) - np.median(temp[before]) < 4.0
+
+
+def test_peers_that_cool_under_another_load_say_nothing_of_a_gpu_whose_load_held() -> None:
+    rows = load_recorded(ZOO / "zoo1277_node_rhythm_sampled_at_one_phase.npz", 500.0)
+    pages = _pages(rows, 1000)
+    assert pages == [], pages
+    # What the old path saw: GPUs 1 and 5 held their readings at an unchanged power while
+    # GPUs 2 and 6, half of whose readings still showed that power, cooled 13 degC.
+    start = 36000
+    temp = rows[:, :, COL["temperature_celsius"]]
+    power = rows[:, :, COL["power_usage_watts"]]
+    before, after = slice(39300 - start, 39680 - start), slice(39700 - start, 39900 - start)
+    assert np.all(temp[39300 - start:, 1] == 56.0) and np.all(temp[39300 - start:, 5] == 57.0)
+    assert np.all(temp[before][:, [2, 6]].mean(axis=0) >= 54.0)
+    assert np.all(temp[39800 - start:, [2, 6]].mean(axis=0) <= 43.0)
+    held = power[:, [1, 5]]
+    assert np.all(np.abs(held[after].mean(axis=0) / held[before].mean(axis=0) - 1.0) < 0.05)
+    left = power[:, [2, 6]]
+    assert np.all(left[after].mean(axis=0) < 300.0)
+    assert np.all((left[after] >= 450.0).mean(axis=0) >= 0.4)
