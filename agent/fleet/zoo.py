@@ -93,9 +93,10 @@ all of these: the next zoo at index 195 (draws 1195-1200), the next soak at inde
 1201). Then: 1195-1200 zoo-run at 33e7e02 (1197 studied), 1201-1206 at 6154e57, 1207-1232
 soaked at 6154e57 (1207 studied), 1233-1238 zoo-run at 7808442 (1233 studied), 1239-1247
 soaked at 7808442 (stopped after 8 parts), 1265-1270 zoo-run at db41651 (1269 studied),
-1300-1305 zoo-run and 1271-1296 soaked at c163dcd (1248-1264 and 1297-1299 not run). The
-draws now run to 1599 (the mapping of draws below 300 is unchanged), so the next zoo
-starts at index 306 (draw 1306), the next soak at index 312 (draw 1312)."""
+1300-1305 zoo-run and 1271-1296 soaked at c163dcd (1248-1264 and 1297-1299 not run; 1277
+and 1292 studied). The draws now run to 1599 (the mapping of draws below 300 is unchanged).
+Then: 1306-1311 zoo-run and 1312-1337 soaked at 51bd4b3 (1310 studied), so the next zoo
+starts at index 338 (draw 1338), the next soak at index 344 (draw 1344)."""
 
 
 @dataclass(frozen=True, slots=True)
