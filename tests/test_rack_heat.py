@@ -247,3 +247,27 @@ def test_half_a_rack_whose_models_share_a_mistake_is_not_hot_but_a_cooling_fault
     events = _through_windows(gpu_c + fault[:, None], start)
     assert [e for e, _ in events] == ["opened", "resolved"], events
     assert 5000.0 < events[0][1] < 5000.0 + 300.0 + 120.0, events
+
+
+def test_a_checkpoint_without_the_gpu_sums_loads_and_judges_from_the_next_window() -> None:
+    # A checkpoint from before the heat quartile has the rack sums but no GPU sums: the open
+    # windows then count nothing judged (no heat), and the windows after them are judged.
+    gpus = 8
+    windows = RackWindows(WINDOW_S)
+    windows.ensure(1)
+    windows.ensure_gpus(gpus)
+    racks, ids = np.zeros(gpus, dtype=np.int64), np.arange(gpus, dtype=np.int64)
+    feats = np.zeros((gpus, len(FEATURES)), dtype=np.float32)
+    resid = np.full(gpus, 5.0)
+    for i in range(3):
+        windows.add(racks, ids, feats, resid, int(i * WINDOW_S * 1000))
+    old = {k: v for k, v in windows.state_arrays().items() if ".gpu_" not in k}
+    again = RackWindows(WINDOW_S)
+    again.ensure(1)
+    again.ensure_gpus(gpus)
+    again.load_arrays(old)
+    assert not again.heat_counts.any() and (again.gpu_rack == -1).all()
+    closed = [again.add(racks, ids, feats, resid, int(i * WINDOW_S * 1000)) for i in range(3, 6)]
+    heats = [(float(c.judged[0]), float(c.heat_c[0])) for c in closed if len(c.racks)]
+    assert heats[0][0] == 0.0 and np.isnan(heats[0][1])
+    assert heats[-1] == (1.0, 5.0)
