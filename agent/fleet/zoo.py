@@ -95,8 +95,10 @@ soaked at 6154e57 (1207 studied), 1233-1238 zoo-run at 7808442 (1233 studied), 1
 soaked at 7808442 (stopped after 8 parts), 1265-1270 zoo-run at db41651 (1269 studied),
 1300-1305 zoo-run and 1271-1296 soaked at c163dcd (1248-1264 and 1297-1299 not run; 1277
 and 1292 studied). The draws now run to 1599 (the mapping of draws below 300 is unchanged).
-Then: 1306-1311 zoo-run and 1312-1337 soaked at 51bd4b3 (1310 studied), so the next zoo
-starts at index 338 (draw 1338), the next soak at index 344 (draw 1344)."""
+Then: 1306-1311 zoo-run and 1312-1337 soaked at 51bd4b3 (1310 studied); 1338-1343 zoo-run
+and 1344-1363 soaked on a change not landed (the 2 s candidate lag, measured from a
+worktree of 688e05d; 1342-1343 rerun at 688e05d), so the next zoo starts at index 364
+(draw 1364), the next soak at index 370 (draw 1370)."""
 
 
 @dataclass(frozen=True, slots=True)
