@@ -610,7 +610,8 @@ class RuleBook:
         # 500 W reading 56 and 57 degC, while two peers left that load for a rhythm of
         # seconds around 290 W and cooled 13 degC, half of their readings, taken once a
         # second, still catching full power.) An old checkpoint's freeze has no power
-        # (0 W) and is judged as before.
+        # (0 W): a GPU drawing over 62.5 W is judged as before, one below is not until its
+        # reading next changes.
         # Where no power is read, the load is told by utilisation (``_runs_like_peers``) and
         # this cannot be asked.
         w0 = self.stuck_w0[ids]

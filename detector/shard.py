@@ -452,7 +452,8 @@ class DetectorShard:
                 path, "rack", "rule:rack_heat", Severity.WARNING,
                 f"three quarters of the rack's judged GPUs run {resid_c[r]:.1f} degC or more "
                 "hotter than their thermal models (cooling trouble?)", float(resid_c[r]),
-                self.config.rack.heat_excess_c, int(end[r]), (Attribution("fleetpulse_gpu_temperature_celsius", "high", 1.0),),
+                self.config.rack.heat_excess_c, int(end[r]),
+                (Attribution("fleetpulse_gpu_temperature_celsius", "high", 1.0),),
                 {"window_s": self.config.rack.window_s, "excess_c": round(
                     float(resid_c[r]), 2)}))
         for r in h_res:
