@@ -136,7 +136,7 @@ from detector.features import (
     node_median,
     same_load_median,
 )
-from detector.thermal_model import DWELL_BINS, TAUS_S
+from detector.thermal_model import DWELL_BINS, TAUS_S, restore_lag_array
 from schemas.records import Severity
 
 __all__ = ["CRITICAL_XIDS", "HARDWARE_XIDS", "RULES", "Rule", "RuleBook", "RuleParams"]
@@ -312,7 +312,8 @@ class RuleBook:
     """Rule state for models 0..n-1: consecutive-true runs, last time true, open episodes."""
 
     ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
-              "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus", "stuck_kmin", "stuck_kmax", "stuck_err",
+              "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus",
+              "stuck_kmin", "stuck_kmax", "stuck_err",
               "stuck_swung_ms", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
               "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
               "stuck_flips", "stuck_like0", "stuck_w0",
@@ -321,6 +322,8 @@ class RuleBook:
               "peer_offset", "peer_learned_s", "peer_hot_since_ms",
               "deficit_evidence_s", "cap_held_w",
               "burst")
+    LAG_ARRAYS: Final = ("stuck_kplaus", "stuck_kmin", "stuck_kmax", "excess_kplaus")
+    """The arrays with one column per candidate lag (``TAUS_S``)."""
 
     def __init__(self, params: RuleParams) -> None:
         self.params = params
@@ -690,7 +693,10 @@ class RuleBook:
         beside = np.where(np.isfinite(same_med), temp - same_med >= 0.5 * p.excess_c, True)
         hot = finite & (excess >= bar) & beside
         # Evidence, in seconds of steps at which every plausible lag accuses. A step at which
-        # the lags of the GPU's history exonerate it starts over. A step at which only a lag
+        # the lags of the GPU's history put it under half the bar starts over; one between
+        # half the bar and the bar pauses it (with a 2 s and a 4 s lag both plausible, the
+        # least excess over them dips under the bar at every swing of power, and a +9 degC
+        # fault on the coolest busy seat restarted at each). A step at which only a lag
         # plausible now does, or at which the GPU cannot be judged (a power its model has not
         # learned, peers still learning one), is no evidence either way, and what was
         # gathered fades over ``excess_after_s``: under bursty load a die's lags part at
@@ -700,7 +706,7 @@ class RuleBook:
         # says it began).
         then = np.where(finite, np.fmin.reduce(np.where(kthen, ctx.lag_excess_c, np.nan),
                                                axis=1), np.nan)
-        cleared = finite & (~(then >= bar) | ~beside)
+        cleared = finite & (~(then >= 0.5 * bar) | ~beside)
         before = self.excess_evidence_s[ids]
         evidence = _gather(before, hot, cleared, dt_s, dt_s, p.excess_after_s)
         self.excess_evidence_s[ids] = evidence
@@ -935,13 +941,21 @@ class RuleBook:
         return ([(int(a), int(b)) for a, b in o], [(int(a), int(b)) for a, b in r])
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:
-        return {f"rules.{k}": getattr(self, k).copy() for k in self.ARRAYS}
+        out = {f"rules.{k}": getattr(self, k).copy() for k in self.ARRAYS}
+        out["rules.taus"] = TAUS_S.copy()
+        return out
 
     def load_arrays(self, arrays: dict[str, npt.NDArray[np.generic]]) -> None:
-        """Restore; an array the checkpoint's version did not have starts at zero."""
+        """Restore; an array the checkpoint's version did not have starts at zero, and one
+        written with other lags is mapped onto today's (``restore_lag_array``)."""
         n = len(arrays["rules.run"])
+        saved_taus = arrays.get("rules.taus")
         for k in self.ARRAYS:
             cur = getattr(self, k)
             saved = arrays.get(f"rules.{k}")
-            setattr(self, k, np.zeros((n, *cur.shape[1:]), dtype=cur.dtype) if saved is None
-                    else np.array(saved, dtype=cur.dtype))
+            if saved is None:
+                setattr(self, k, np.zeros((n, *cur.shape[1:]), dtype=cur.dtype))
+            elif k in self.LAG_ARRAYS:
+                setattr(self, k, restore_lag_array(saved, saved_taus, cur.dtype))
+            else:
+                setattr(self, k, np.array(saved, dtype=cur.dtype))

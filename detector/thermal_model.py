@@ -39,9 +39,17 @@ import numpy.typing as npt
 
 __all__ = ["DWELL_BINS", "TAUS_S", "WARMUP_STEPS", "ThermalModels"]
 
-TAUS_S: Final = np.array([4.0, 15.0, 45.0, 120.0])
+TAUS_S: Final = np.array([2.0, 4.0, 15.0, 45.0, 120.0])
 """Candidate thermal time constants (seconds): air-cooled SXM (a few s) to liquid-cooled
-boards and large cold plates (minutes)."""
+boards and large cold plates (minutes). The 2 s lag is for air-cooled dies that settle in
+about two seconds: with 4 s as the shortest, a pipeline's bubbles at the power cap taught
+such a GPU's model the wrong slope, and after a job its idle dies read 9-11 degC above
+the model (zoo-1292, where the rack's judged residual p90 fell from 9.4 to 0.7 degC with
+it)."""
+_LEGACY_TAUS_S: Final = np.array([4.0, 15.0, 45.0, 120.0])
+"""The lags of a checkpoint that does not name its own (written before the 2 s lag)."""
+_DEFAULT_TAU_S: Final = 15.0
+"""The lag a GPU is judged by until its history shows otherwise."""
 WARMUP_STEPS: Final = 120
 """Readings learned before the residual is reported."""
 _MEMORY_S: Final = 4 * 3600.0
@@ -175,6 +183,35 @@ def _thermal_step(ids, temp, power, ts_ms, taus, last_ms, n, ema, mx, my, vxx, v
 
 _WARMUP = WARMUP_STEPS
 _NEW_HELD = _NEW_HELD_S
+_DEFAULT_LAG: Final = int(np.flatnonzero(TAUS_S == _DEFAULT_TAU_S)[0])
+
+
+def lag_columns(saved_taus: npt.NDArray[np.generic] | None) -> npt.NDArray[np.int64]:
+    """For each of today's ``TAUS_S``, the column of a checkpoint written with lags
+    ``saved_taus`` (None: one written before checkpoints named them) to restore it from.
+
+    A lag the checkpoint has maps to itself; a new one starts as a copy of the nearest saved
+    lag (by ratio), which is the closest guess at its smoothed power and regression and
+    which it unlearns within minutes, rather than at zero, which would predict an idle die
+    for a busy GPU and page it."""
+    return _nearest(TAUS_S, _saved(saved_taus))
+
+
+def _saved(saved_taus: npt.NDArray[np.generic] | None) -> npt.NDArray[np.float64]:
+    return _LEGACY_TAUS_S if saved_taus is None else np.asarray(saved_taus, dtype=np.float64)
+
+
+def _nearest(taus: npt.NDArray[np.float64], among: npt.NDArray[np.float64]
+             ) -> npt.NDArray[np.int64]:
+    """For each of ``taus``, the index of the nearest of ``among`` by ratio."""
+    dist = np.abs(np.log(taus)[:, None] - np.log(among)[None, :])
+    return np.asarray(np.argmin(dist, axis=1), dtype=np.int64)
+
+
+def restore_lag_array(saved: npt.NDArray[np.generic],
+                      saved_taus: npt.NDArray[np.generic] | None, dtype: npt.DTypeLike) -> npt.NDArray[np.generic]:
+    """A per-GPU, per-lag array (G, len(saved lags)) of a checkpoint, as today's lags."""
+    return np.array(np.asarray(saved)[:, lag_columns(saved_taus)], dtype=dtype)
 
 
 class ThermalModels:
@@ -182,6 +219,8 @@ class ThermalModels:
 
     ARRAYS: Final = ("last_ms", "n", "ema", "mx", "my", "vxx", "vxy", "rv", "scale", "dwell",
                      "best", "last_t", "held_s")
+    LAG_ARRAYS: Final = ("ema", "mx", "my", "vxx", "vxy", "rv")
+    """The arrays with one column per candidate lag."""
 
     def __init__(self) -> None:
         k = len(TAUS_S)
@@ -214,7 +253,7 @@ class ThermalModels:
             arr = getattr(self, name)
             pad = np.zeros((extra, *arr.shape[1:]), dtype=arr.dtype)
             if name == "best":
-                pad[:] = 1  # 15 s until a GPU shows otherwise
+                pad[:] = _DEFAULT_LAG
             setattr(self, name, np.concatenate([arr, pad]))
 
     def step(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
@@ -261,13 +300,23 @@ class ThermalModels:
         return np.asarray(TAUS_S[self.best[ids]], dtype=np.float64)
 
     def state_arrays(self, prefix: str) -> dict[str, npt.NDArray[np.generic]]:
-        return {f"{prefix}.{k}": getattr(self, k).copy() for k in self.ARRAYS}
+        out = {f"{prefix}.{k}": getattr(self, k).copy() for k in self.ARRAYS}
+        out[f"{prefix}.taus"] = TAUS_S.copy()
+        return out
 
     def load_arrays(self, arrays: dict[str, npt.NDArray[np.generic]], prefix: str) -> None:
-        """Restore; an array the checkpoint's version did not have starts at zero."""
+        """Restore; an array the checkpoint's version did not have starts at zero, and one
+        written with other lags is mapped onto today's by ``lag_columns`` (the chosen lag
+        too: a GPU keeps the lag it had, or the nearest one)."""
         n = len(arrays[f"{prefix}.n"])
+        saved_taus = arrays.get(f"{prefix}.taus")
         for k in self.ARRAYS:
             cur = getattr(self, k)
             saved = arrays.get(f"{prefix}.{k}")
-            setattr(self, k, np.zeros((n, *cur.shape[1:]), dtype=cur.dtype) if saved is None
-                    else np.array(saved, dtype=cur.dtype))
+            if saved is None:
+                setattr(self, k, np.zeros((n, *cur.shape[1:]), dtype=cur.dtype))
+            elif k in self.LAG_ARRAYS:
+                setattr(self, k, restore_lag_array(saved, saved_taus, cur.dtype))
+            else:
+                setattr(self, k, np.array(saved, dtype=cur.dtype))
+        self.best = _nearest(_saved(saved_taus)[self.best], TAUS_S)

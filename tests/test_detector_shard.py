@@ -13,7 +13,9 @@ from test_detector_support import healthy, small_config, timestamps
 from detector.checkpoint import CheckpointError, restore_shard, shard_bytes
 from detector.config import AlertConfig, DetectorConfig, ModelConfig
 from detector.features import COL
+from detector.rules import RuleBook
 from detector.shard import DetectorShard, StepTrace
+from detector.thermal_model import TAUS_S, ThermalModels
 from schemas.records import AlertRecord, AlertState, Severity
 
 RACK = "c1/row-a/rack-1"
@@ -211,3 +213,50 @@ def test_turning_the_forests_off_changes_no_page() -> None:
     gpu_signals = [a for a in signals(on) if a.level == "gpu"]
     assert len(gpu_signals) >= 10, "the forests signalled too little to show anything"
     assert not [a for a in signals(off) if a.level == "gpu"]
+
+
+def _as_before_the_2s_lag(blob: bytes) -> bytes:
+    """The checkpoint ``blob`` as a version with lags 4, 15, 45 and 120 s wrote it: no 2 s
+    column, no ``taus``, the chosen lag an index into those four (a GPU on 2 s on 4 s)."""
+    with np.load(io.BytesIO(blob)) as z:
+        arrays = {k: z[k] for k in z.files if not k.endswith(".taus")}
+    lag_arrays = [f"features.thermal.{k}" for k in ThermalModels.LAG_ARRAYS]
+    lag_arrays += [f"rules.{k}" for k in RuleBook.LAG_ARRAYS]
+    for k in lag_arrays:
+        assert arrays[k].shape[1] == len(TAUS_S) == 5
+        arrays[k] = arrays[k][:, 1:]
+    arrays["features.thermal.best"] = np.maximum(arrays["features.thermal.best"] - 1, 0)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def test_a_checkpoint_from_before_the_2s_lag_loads_and_pages_the_same() -> None:
+    """Checkpoints written with four candidate lags restore onto five: each lag from its
+    own column, the new 2 s lag from the 4 s one (its nearest), every GPU on the lag it had;
+    the restored detector pages what the uninterrupted one does."""
+    data = healthy(520, 4, seed=7)
+    data[400:, 2, COL["temperature_celsius"]] += 20.0
+    ts = timestamps(520)
+    whole, ids, nodes = _shard(4)
+    alerts_whole = whole.process(ids, nodes, ts, data)
+
+    first, ids, nodes = _shard(4)
+    alerts = first.process(ids, nodes, ts[:300], data[:300])
+    old = _as_before_the_2s_lag(shard_bytes(first, {"samples": 9}))
+    second = DetectorShard(small_config())
+    assert restore_shard(second, old) == {"samples": 9}
+    thermal, before = second.features.thermal, first.features.thermal
+    for k in ThermalModels.LAG_ARRAYS:
+        got, had = getattr(thermal, k), getattr(before, k)
+        np.testing.assert_array_equal(got[:, 1:], had[:, 1:])
+        np.testing.assert_array_equal(got[:, 0], had[:, 1])
+    np.testing.assert_array_equal(thermal.best, np.maximum(before.best, 1))
+    np.testing.assert_array_equal(second.rules.excess_kplaus[:, 0],
+                                  first.rules.excess_kplaus[:, 1])
+    ids2, nodes2 = second.register([f"{RACK}/node-0/gpu-{g}" for g in range(4)],
+                                   [RACK] * 4, [f"{RACK}/node-0"] * 4)
+    alerts += second.process(ids2, nodes2, ts[300:], data[300:])
+    assert [(a.entity, a.source, a.state) for a in alerts] == \
+        [(a.entity, a.source, a.state) for a in alerts_whole]
+    assert any(a.state is AlertState.FIRING for a in alerts)
