@@ -106,7 +106,9 @@ ecc_sbe_burst      warning   corrected ECC errors, counted with an exponential m
                              ``burst_window_s``, reach ``burst_count``: healthy HBM corrects a
                              few errors a day; a sustained rate of one every few seconds is a
                              failing part, and a storm of dozens reaches it in one step. It
-                             resolves ``event_hold_s`` after the errors stop.
+                             resolves ``event_hold_s`` after the errors stop, and the count
+                             starts over then (the storm is over; the next one is counted
+                             on its own).
 link_errors        warning   the same for NVLink CRC + replay + recovery and PCIe replays.
 gpu_lost           critical  the GPU stopped reporting: every metric NaN, or no sample for
                              ``stale_after_s`` while the rest of its rack reports (fell off the bus)
@@ -770,7 +772,13 @@ class RuleBook:
         # Error bursts: exponentially weighted counts over seconds of event time.
         keep = np.exp(-dt_s / p.burst_window_s)
         counts = np.stack([inc[:, 0], inc[:, 2:6].sum(axis=1)], axis=1)
-        burst = self.burst[ids] * keep[:, None] + counts
+        # A burst whose alert ends here (no error for ``event_hold_s``) is over: its count
+        # starts again from nothing, so a routine error a minute later is not a new burst.
+        # A storm of a few hundred errors otherwise still weighs dozens then, and one PCIe
+        # replay re-paged a link that had stopped erring (zoo-1369).
+        quiet = (ts_ms - self.last_true_ms[ids][:, 8:10]) >= int(p.event_hold_s * 1000)
+        over = self.open[ids][:, 8:10] & quiet & (counts == 0)
+        burst = np.where(over, 0.0, self.burst[ids] * keep[:, None]) + counts
         self.burst[ids] = burst
         # True on the steps that add errors to a burst, so the alert resolves
         # ``event_hold_s`` after the errors stop rather than when the count has decayed.

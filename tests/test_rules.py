@@ -307,3 +307,32 @@ def test_a_sensor_that_always_flickers_is_stuck_when_it_holds_while_its_model_wa
     assert stuck and {g[2] for g in stuck} == {"node-0/gpu-3"}, stuck
     # Twice stuck_after_s (the runs it showed were seconds long, so 10x theirs is less).
     assert frozen_at + 120 <= stuck[0][3] <= frozen_at + 130, stuck
+
+
+def test_a_lone_error_after_a_storm_has_ended_is_not_a_new_burst() -> None:
+    """zoo-1369 (held-out): a link erred ~8 times a second for 18 minutes, the alert ended
+    45 s after the last error, and one routine PCIe replay a minute later paged again: the
+    storm's count, decaying over a minute, still weighed about 90. Once a burst's alert has
+    ended, its count starts over; a new storm is still a burst."""
+    shard, ids, nodes = _shard()
+    data = healthy(1400, 8, seed=2)
+    link = np.zeros(1400)
+    link[200:500] = np.random.default_rng(3).poisson(8.0, 300)  # the storm, to 500 s
+    link[600] = 1.0  # one replay, 100 s after it stopped
+    link[1000:1060] = np.random.default_rng(4).poisson(3.0, 60)  # a new, smaller storm
+    data[:, 5, COL["pcie_replay_errors_total"]] = np.cumsum(link)
+    sbe = np.zeros(1400)
+    sbe[200:500] = np.random.default_rng(5).poisson(8.0, 300)
+    sbe[590] = 2.0  # two corrected errors, 90 s after the storm
+    data[:, 6, COL["ecc_sbe_volatile_total"]] = np.cumsum(sbe)
+    got = _rule_alerts(shard.process(ids, nodes, timestamps(1400), data))
+    links = [g for g in got if g[2] == "node-1/gpu-1"]
+    assert [g[:2] for g in links] == [("firing", "rule:link_errors"),
+                                      ("resolved", "rule:link_errors"),
+                                      ("firing", "rule:link_errors"),
+                                      ("resolved", "rule:link_errors")], links
+    assert 200 <= links[0][3] <= 205 and 540 <= links[1][3] <= 550, links
+    assert 1000 <= links[2][3] <= 1015, links
+    sbe_alerts = [g for g in got if g[2] == "node-1/gpu-2"]
+    assert [g[:2] for g in sbe_alerts] == [("firing", "rule:ecc_sbe_burst"),
+                                           ("resolved", "rule:ecc_sbe_burst")], sbe_alerts
