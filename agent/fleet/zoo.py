@@ -97,8 +97,10 @@ soaked at 7808442 (stopped after 8 parts), 1265-1270 zoo-run at db41651 (1269 st
 and 1292 studied). The draws now run to 1599 (the mapping of draws below 300 is unchanged).
 Then: 1306-1311 zoo-run and 1312-1337 soaked at 51bd4b3 (1310 studied); 1338-1343 zoo-run
 and 1344-1363 soaked on a change not landed (the 2 s candidate lag, measured from a
-worktree of 688e05d; 1342-1343 rerun at 688e05d), so the next zoo starts at index 364
-(draw 1364), the next soak at index 370 (draw 1370)."""
+worktree of 688e05d; 1342-1343 rerun at 688e05d, 1342-1343 studied). That change landed as
+d112880; 1364-1369 zoo-run at d112880 (1367 and 1369 studied), 1370-1395 soaked at e3ec346,
+1396-1401 zoo-run at 5ddc9e2 (1398-1399 rerun at e3ec346), so the next zoo starts at index
+402 (draw 1402), the next soak at index 408 (draw 1408)."""
 
 
 @dataclass(frozen=True, slots=True)
