@@ -138,7 +138,7 @@ from detector.features import (
     node_median,
     same_load_median,
 )
-from detector.thermal_model import DWELL_BINS, TAUS_S, restore_lag_array
+from detector.thermal_model import DWELL_BINS, TAUS_S, load_state
 from schemas.records import Severity
 
 __all__ = ["CRITICAL_XIDS", "HARDWARE_XIDS", "RULES", "Rule", "RuleBook", "RuleParams"]
@@ -1003,15 +1003,6 @@ class RuleBook:
 
     def load_arrays(self, arrays: dict[str, npt.NDArray[np.generic]]) -> None:
         """Restore; an array the checkpoint's version did not have starts at zero, and one
-        written with other lags is mapped onto today's (``restore_lag_array``)."""
-        n = len(arrays["rules.run"])
-        saved_taus = arrays.get("rules.taus")
-        for k in self.ARRAYS:
-            cur = getattr(self, k)
-            saved = arrays.get(f"rules.{k}")
-            if saved is None:
-                setattr(self, k, np.zeros((n, *cur.shape[1:]), dtype=cur.dtype))
-            elif k in self.LAG_ARRAYS:
-                setattr(self, k, restore_lag_array(saved, saved_taus, cur.dtype))
-            else:
-                setattr(self, k, np.array(saved, dtype=cur.dtype))
+        written with other lags is mapped onto today's (``load_state``)."""
+        load_state(self, arrays, "rules", self.ARRAYS, self.LAG_ARRAYS,
+                   len(arrays["rules.run"]))

@@ -209,9 +209,28 @@ def _nearest(taus: npt.NDArray[np.float64], among: npt.NDArray[np.float64]
 
 
 def restore_lag_array(saved: npt.NDArray[np.generic],
-                      saved_taus: npt.NDArray[np.generic] | None, dtype: npt.DTypeLike) -> npt.NDArray[np.generic]:
+                      saved_taus: npt.NDArray[np.generic] | None, dtype: npt.DTypeLike
+                      ) -> npt.NDArray[np.generic]:
     """A per-GPU, per-lag array (G, len(saved lags)) of a checkpoint, as today's lags."""
     return np.array(np.asarray(saved)[:, lag_columns(saved_taus)], dtype=dtype)
+
+
+def load_state(target: object, arrays: dict[str, npt.NDArray[np.generic]], prefix: str,
+               names: tuple[str, ...], lag_names: tuple[str, ...], n: int) -> None:
+    """Set ``target``'s arrays ``names`` (G = ``n`` rows) from a checkpoint's
+    ``{prefix}.{name}``: one the checkpoint's version did not have starts at zero, and one of
+    ``lag_names`` (a column per candidate lag) written with other lags (``{prefix}.taus``)
+    is mapped onto today's (``restore_lag_array``)."""
+    saved_taus = arrays.get(f"{prefix}.taus")
+    for k in names:
+        cur = getattr(target, k)
+        saved = arrays.get(f"{prefix}.{k}")
+        if saved is None:
+            setattr(target, k, np.zeros((n, *cur.shape[1:]), dtype=cur.dtype))
+        elif k in lag_names:
+            setattr(target, k, restore_lag_array(saved, saved_taus, cur.dtype))
+        else:
+            setattr(target, k, np.array(saved, dtype=cur.dtype))
 
 
 class ThermalModels:
@@ -308,15 +327,6 @@ class ThermalModels:
         """Restore; an array the checkpoint's version did not have starts at zero, and one
         written with other lags is mapped onto today's by ``lag_columns`` (the chosen lag
         too: a GPU keeps the lag it had, or the nearest one)."""
-        n = len(arrays[f"{prefix}.n"])
-        saved_taus = arrays.get(f"{prefix}.taus")
-        for k in self.ARRAYS:
-            cur = getattr(self, k)
-            saved = arrays.get(f"{prefix}.{k}")
-            if saved is None:
-                setattr(self, k, np.zeros((n, *cur.shape[1:]), dtype=cur.dtype))
-            elif k in self.LAG_ARRAYS:
-                setattr(self, k, restore_lag_array(saved, saved_taus, cur.dtype))
-            else:
-                setattr(self, k, np.array(saved, dtype=cur.dtype))
-        self.best = _nearest(_saved(saved_taus)[self.best], TAUS_S)
+        load_state(self, arrays, prefix, self.ARRAYS, self.LAG_ARRAYS,
+                   len(arrays[f"{prefix}.n"]))
+        self.best = _nearest(_saved(arrays.get(f"{prefix}.taus"))[self.best], TAUS_S)
