@@ -65,8 +65,10 @@ class DiskHealth:
     def took(self, what: str) -> None:
         """A write of this kind went through."""
         if what in self._refusing:
-            self._refusing.discard(what)
-            if not self._refusing:
+            # Logged before the set empties: ``writable`` is read from other threads, and
+            # whoever sees it True must find the line already written.
+            if self._refusing == {what}:
                 log.warning("the store's disk takes writes again after %.0f s (%d refused "
                             "flushes so far)", time.monotonic() - self._since,
                             self.write_errors)
+            self._refusing.discard(what)
