@@ -276,6 +276,8 @@ _SEAT_BAND_W: Final = 100.0
 
 RULES: Final = rules_for(RuleParams())
 LOST: Final = len(RULES) - 1
+_BURST_RULES: Final = (8, 9)
+"""``ecc_sbe_burst`` and ``link_errors``: the columns of ``RuleBook.burst``, in order."""
 
 
 def _peer_median(values: npt.NDArray[np.float64], node: npt.NDArray[np.intp],
@@ -286,6 +288,12 @@ def _peer_median(values: npt.NDArray[np.float64], node: npt.NDArray[np.intp],
     med = node_median(v, node)
     count = np.bincount(node, weights=has.astype(np.float64))[node]
     return np.where(count >= 3, med, np.nan)
+
+
+def _others(flags: npt.NDArray[np.bool_], node: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
+    """How many of each GPU's node peers, itself not counted, have ``flags``."""
+    f = flags.astype(np.float64)
+    return np.asarray(np.bincount(node, weights=f)[node] - f, dtype=np.float64)
 
 
 def _learn_place(offset: npt.NDArray[np.float64], seen_s: npt.NDArray[np.float64],
@@ -424,6 +432,7 @@ class RuleBook:
         self.cap_held_w = np.zeros(0)
         """The power a power cap last held its node's GPUs at (0: not seen)."""
         self.burst = np.zeros((0, 2))
+        """Exponentially weighted corrected-ECC and link error counts."""
         self.steady_lo = np.zeros(0)
         self.steady_hi = np.zeros(0)
         """The range of the GPU's readings since ``steady_since_ms`` ..."""
@@ -433,7 +442,6 @@ class RuleBook:
         self.steady_pmin = np.zeros(0)
         self.steady_pmax = np.zeros(0)
         """... and the range of its thermal model's predictions meanwhile (NaN: none)."""
-        """Exponentially weighted corrected-ECC and link error counts."""
 
     def ensure(self, n: int) -> None:
         extra = n - len(self.run)
@@ -521,24 +529,19 @@ class RuleBook:
         # One sensor, not the node: a stuck sensor is one GPU's fault, so most of the node's
         # other reporting GPUs changed their reading meanwhile (when the whole node holds
         # still, it is the node that is steady, or the models that misjudge its loop).
-        nodes = int(ctx.node.max()) + 1 if len(ctx.node) else 0
-        reporting = np.bincount(ctx.node, weights=has_temp.astype(np.float64),
-                                minlength=nodes)[ctx.node] - has_temp
-        still = np.bincount(ctx.node, weights=frozen_long.astype(np.float64),
-                            minlength=nodes)[ctx.node] - frozen_long
+        reporting = _others(has_temp, ctx.node)
+        still = _others(frozen_long, ctx.node)
         alone = (reporting < 2) | (still <= 0.5 * reporting)
         # Nor when the node's models swing and its dies do not: most of the other reporting
         # GPUs have read within half the bar for ``stuck_after_s`` while their own models
-        # swung by their bar or more. A flicker of one degree is no move (``still`` counts
+        # swung by ``stuck_predicted_c`` or more. A flicker of one degree is no move (``still`` counts
         # only identical readings). A periodic load read at one phase of its rhythm swings
         # the sampled power's averages, and young models follow it, while every die of the
         # node holds (held-out zoo-1367: air, 37 s dies, whole degrees, a 300 W cap with dips
         # read at 2 Hz; seven minutes into the run, the one lag plausible put a held 51 degC
         # 4.1 degC lower, and the peers' readings stayed within a degree).
         steady = self._steady_under_swing(ids, temp, pred, ts_ms)
-        misjudged = np.bincount(ctx.node, weights=steady.astype(np.float64),
-                                minlength=nodes)[ctx.node] - steady
-        models_swing = (reporting >= 2) & (misjudged > 0.5 * reporting)
+        models_swing = (reporting >= 2) & (_others(steady, ctx.node) > 0.5 * reporting)
         # The die has had ``stuck_after_s`` to show the swing since the lags reached it: a
         # job that starts moves a fast lag's prediction by degrees within seconds, long
         # before a die of minutes has moved one. While the node's models swing and its dies
@@ -797,13 +800,7 @@ class RuleBook:
         # Error bursts: exponentially weighted counts over seconds of event time.
         keep = np.exp(-dt_s / p.burst_window_s)
         counts = np.stack([inc[:, 0], inc[:, 2:6].sum(axis=1)], axis=1)
-        # A burst whose alert ends here (no error for ``event_hold_s``) is over: its count
-        # starts again from nothing, so a routine error a minute later is not a new burst.
-        # A storm of a few hundred errors otherwise still weighs dozens then, and one PCIe
-        # replay re-paged a link that had stopped erring (zoo-1369).
-        quiet = (ts_ms - self.last_true_ms[ids][:, 8:10]) >= int(p.event_hold_s * 1000)
-        over = self.open[ids][:, 8:10] & quiet & (counts == 0)
-        burst = np.where(over, 0.0, self.burst[ids] * keep[:, None]) + counts
+        burst = self.burst[ids] * keep[:, None] + counts
         self.burst[ids] = burst
         # True on the steps that add errors to a burst, so the alert resolves
         # ``event_hold_s`` after the errors stop rather than when the count has decayed.
@@ -948,7 +945,15 @@ class RuleBook:
     ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
         """Advance the rules of GPUs ``ids``; returns (opened, resolved) as (row, rule)."""
         self.last_seen_ms[ids] = np.where(valid, ts_ms, self.last_seen_ms[ids])
-        return self._advance(ids, cond, val, ts_ms)
+        opened, resolved = self._advance(ids, cond, val, ts_ms)
+        # A burst whose alert has ended (no error for ``event_hold_s``) is over: its count
+        # starts again from nothing, so a routine error a minute later is not a new burst.
+        # A storm of a few hundred errors otherwise still weighs dozens then, and one PCIe
+        # replay re-paged a link that had stopped erring (zoo-1369).
+        for row, k in resolved:
+            if k in _BURST_RULES:
+                self.burst[ids[row], k - _BURST_RULES[0]] = 0.0
+        return opened, resolved
 
     def check_stale(self, ids: npt.NDArray[np.int64], now_ms: int
                     ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:

@@ -186,17 +186,6 @@ _NEW_HELD = _NEW_HELD_S
 _DEFAULT_LAG: Final = int(np.flatnonzero(TAUS_S == _DEFAULT_TAU_S)[0])
 
 
-def lag_columns(saved_taus: npt.NDArray[np.generic] | None) -> npt.NDArray[np.int64]:
-    """For each of today's ``TAUS_S``, the column of a checkpoint written with lags
-    ``saved_taus`` (None: one written before checkpoints named them) to restore it from.
-
-    A lag the checkpoint has maps to itself; a new one starts as a copy of the nearest saved
-    lag (by ratio), which is the closest guess at its smoothed power and regression and
-    which it unlearns within minutes, rather than at zero, which would predict an idle die
-    for a busy GPU and page it."""
-    return _nearest(TAUS_S, _saved(saved_taus))
-
-
 def _saved(saved_taus: npt.NDArray[np.generic] | None) -> npt.NDArray[np.float64]:
     return _LEGACY_TAUS_S if saved_taus is None else np.asarray(saved_taus, dtype=np.float64)
 
@@ -208,27 +197,25 @@ def _nearest(taus: npt.NDArray[np.float64], among: npt.NDArray[np.float64]
     return np.asarray(np.argmin(dist, axis=1), dtype=np.int64)
 
 
-def restore_lag_array(saved: npt.NDArray[np.generic],
-                      saved_taus: npt.NDArray[np.generic] | None, dtype: npt.DTypeLike
-                      ) -> npt.NDArray[np.generic]:
-    """A per-GPU, per-lag array (G, len(saved lags)) of a checkpoint, as today's lags."""
-    return np.array(np.asarray(saved)[:, lag_columns(saved_taus)], dtype=dtype)
-
-
 def load_state(target: object, arrays: dict[str, npt.NDArray[np.generic]], prefix: str,
                names: tuple[str, ...], lag_names: tuple[str, ...], n: int) -> None:
     """Set ``target``'s arrays ``names`` (G = ``n`` rows) from a checkpoint's
     ``{prefix}.{name}``: one the checkpoint's version did not have starts at zero, and one of
-    ``lag_names`` (a column per candidate lag) written with other lags (``{prefix}.taus``)
-    is mapped onto today's (``restore_lag_array``)."""
-    saved_taus = arrays.get(f"{prefix}.taus")
+    ``lag_names`` (a column per candidate lag) written with the lags ``{prefix}.taus`` (none
+    named: ``_LEGACY_TAUS_S``) is mapped onto today's ``TAUS_S``.
+
+    A lag the checkpoint has maps to itself; a new one starts as a copy of the nearest saved
+    lag (by ratio), which is the closest guess at its smoothed power and regression and
+    which it unlearns within minutes, rather than at zero, which would predict an idle die
+    for a busy GPU and page it."""
+    columns = _nearest(TAUS_S, _saved(arrays.get(f"{prefix}.taus")))
     for k in names:
         cur = getattr(target, k)
         saved = arrays.get(f"{prefix}.{k}")
         if saved is None:
             setattr(target, k, np.zeros((n, *cur.shape[1:]), dtype=cur.dtype))
         elif k in lag_names:
-            setattr(target, k, restore_lag_array(saved, saved_taus, cur.dtype))
+            setattr(target, k, np.array(np.asarray(saved)[:, columns], dtype=cur.dtype))
         else:
             setattr(target, k, np.array(saved, dtype=cur.dtype))
 
@@ -325,7 +312,7 @@ class ThermalModels:
 
     def load_arrays(self, arrays: dict[str, npt.NDArray[np.generic]], prefix: str) -> None:
         """Restore; an array the checkpoint's version did not have starts at zero, and one
-        written with other lags is mapped onto today's by ``lag_columns`` (the chosen lag
+        written with other lags is mapped onto today's by ``load_state`` (the chosen lag
         too: a GPU keeps the lag it had, or the nearest one)."""
         load_state(self, arrays, prefix, self.ARRAYS, self.LAG_ARRAYS,
                    len(arrays[f"{prefix}.n"]))
