@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from detector.config import DetectorConfig
-from detector.engines import DEFAULT_ENGINE, EngineConfig, make_engine
+from detector.engines import DEFAULT_ENGINE, make_engine
 from detector.model_bank import ModelBank
 from detector.seasonal import (
     SeasonalBaseline,
@@ -179,9 +179,7 @@ def backtest(values: npt.NDArray[np.float64], ms: npt.NDArray[np.int64],
     the cold-start rows, an empty list turns seasonal handling off.
     """
     mc = config.model
-    engine_config = EngineConfig(dims=values.shape[1], shingle=mc.shingle, trees=mc.trees,
-                                 sample_size=mc.sample_size, time_decay=mc.time_decay or None,
-                                 seed=mc.seed)
+    engine_config = mc.engine_config(values.shape[1])
     bank = ModelBank(make_engine(engine or mc.engine or DEFAULT_ENGINE, engine_config),
                      mc.threshold_params(), config.alerts.episode_params())
     bank.ensure(1)

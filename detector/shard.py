@@ -83,10 +83,7 @@ class DetectorShard:
         self.config = config
         mc = config.model
         self.engine_name = engine_name or mc.engine or DEFAULT_ENGINE
-        self.engine_config = EngineConfig(
-            dims=len(FEATURES), shingle=mc.shingle, trees=mc.trees, sample_size=mc.sample_size,
-            time_decay=mc.time_decay or None, seed=mc.seed,
-        )
+        self.engine_config = mc.engine_config(len(FEATURES))
         self.gpu_bank = ModelBank(make_engine(self.engine_name, self.engine_config),
                                   mc.threshold_params(), config.alerts.episode_params())
         self.features = FeatureState()

@@ -41,6 +41,8 @@ def test_environment_overrides_and_validation() -> None:
         load_config(DetectorConfig, overrides={"webhook": {"url": "ftp://x"}})
     with pytest.raises(ConfigError, match=r"model\.step_s"):
         load_config(DetectorConfig, overrides={"model": {"step_s": 0.0}})
+    with pytest.raises(ConfigError, match="screen_below"):
+        load_config(DetectorConfig, overrides={"model": {"screen_below": 1.5}})
     with pytest.raises(ConfigError, match="shed_after_s"):
         load_config(DetectorConfig, overrides={"shed_after_s": -1.0})
     with pytest.raises(ConfigError, match="unknown keys"):

@@ -123,12 +123,16 @@ def test_cached_boxes_stay_exact(entries: int) -> None:
         assert cache_invariants(engine, m) >= min(used, 1)
 
 
-def test_trees_and_caches_stay_exact_after_every_update() -> None:
+@pytest.mark.parametrize("screen", [0, 1])
+def test_trees_and_caches_stay_exact_after_every_update(screen: int) -> None:
     # A new point goes into the trees before the one it evicts comes out, at cuts drawn
     # while scoring; in between two leaves share a slot. Check every step, not only the
     # end: outliers reshape cached subtrees, repeated values make duplicates re-enter
-    # their own slots and evict points other slots still hold.
-    cfg = EngineConfig(dims=3, shingle=2, trees=6, sample_size=16, seed=9, output_after=4)
+    # their own slots and evict points other slots still hold. Screened, a threshold near
+    # the usual score splits the walk both ways: the rest of an accepting group's trees
+    # get their cuts in a second walk.
+    cfg = EngineConfig(dims=3, shingle=2, trees=6, sample_size=16, seed=9, output_after=4,
+                       screen_trees=screen)
     engine = NumbaEngine(cfg, cache_entries=4)
     data = wavy(500, 2, 3, seed=9)
     data[::23, :, 0] += 5.0
@@ -136,7 +140,7 @@ def test_trees_and_caches_stay_exact_after_every_update() -> None:
     engine.ensure_models(2)
     ids = np.arange(2, dtype=np.int64)
     for step in range(len(data)):
-        engine.update(ids, data[step])
+        engine.update(ids, data[step], attribute_above=2.0)
         for m in range(2):
             tree_invariants(engine, m)
             cache_invariants(engine, m)
@@ -242,3 +246,37 @@ def test_version_1_checkpoint_loads_and_scores_as_it_did() -> None:
     tree_invariants(engine, 0)
     cache_invariants(engine, 0)
     assert engine.checkpoint(0)[4] == 2
+
+
+def test_screening_skips_trees_only_for_points_plainly_below_their_threshold() -> None:
+    cfg = EngineConfig(dims=3, shingle=2, trees=20, sample_size=32, seed=4)
+    full = NumbaEngine(cfg)
+    feed(full, wavy(800, 32, 3, seed=4))
+    screened = NumbaEngine(EngineConfig(dims=3, shingle=2, trees=20, sample_size=32, seed=4,
+                                        screen_trees=2, screen_below=0.5))
+    screened._state = full._state  # the same trees; score() changes nothing
+    probe = wavy(200, 32, 3, seed=5)
+    probe[::10, :, 2] += 6.0  # an outlier every tenth step
+    ids = np.arange(32, dtype=np.int64)
+
+    def scores(engine: ForestEngine, limit: float) -> npt.NDArray[np.float64]:
+        return np.stack([engine.score(ids, probe[s], attribute_above=limit).scores
+                         for s in range(len(probe))])
+
+    whole = scores(full, 0.0)
+    # Without a threshold every tree is walked (in two walks: the sums round apart).
+    np.testing.assert_allclose(scores(screened, 0.0), whole, rtol=1e-12)
+    # Far below a threshold, two trees of each group stand for the forest: other values,
+    # the same mean over many models (an unbiased estimate).
+    cheap = scores(screened, 1e9)
+    assert not np.allclose(cheap, whole)
+    assert abs(cheap.mean() - whole.mean()) < 0.02 * whole.mean()
+    # At a threshold the outliers pass, they get the whole forest's score; a score that
+    # differs from it is below half the threshold.
+    limit = float(np.quantile(whole[::10], 0.05))
+    assert limit > 2 * np.median(whole)
+    got = scores(screened, limit)
+    np.testing.assert_allclose(got[::10], whole[::10], rtol=1e-12)
+    differs = ~np.isclose(got, whole, rtol=1e-12, atol=0.0)
+    assert differs.any()
+    assert (got[differs] < 0.5 * limit).all()

@@ -48,7 +48,17 @@ class EngineConfig:
     as krcf with another seed does, at equal detection quality
     (benchmarks/results/forest.json)."""
 
+    screen_trees: int = 0
+    """Trees per group walked first; when their mean score is below ``screen_below`` times
+    the row's threshold (``attribute_above``) the rest are skipped and the score is their
+    estimate (0, or at least the trees per group: every tree always). Numba only: the
+    cost of a model step is nearly all in walking trees, and almost every point of a
+    healthy GPU scores far below its threshold."""
+    screen_below: float = 0.5
+
     def validate(self) -> None:
+        if self.screen_trees < 0 or not 0.0 <= self.screen_below <= 1.0:
+            raise ValueError(f"invalid screen in engine config {self}")
         if self.dims < 1 or self.shingle < 1 or self.trees < 1 or self.sample_size < 4:
             raise ValueError(f"invalid engine config {self}")
         if self.sample_groups is not None and (

@@ -55,7 +55,8 @@ class NumbaEngine(ForestEngine):
         attribution = np.zeros((n, cfg.dims), dtype=np.float64)
         direction = np.zeros((n, cfg.dims), dtype=np.int8)
         most = kernels.advance(  # type: ignore[call-arg]  # numba's Dispatcher stub takes no args
-            ids, pts, learn, above, cfg.effective_output_after, cfg.effective_time_decay,
+            ids, pts, learn, above, cfg.screen_trees, cfg.screen_below,
+            cfg.effective_output_after, cfg.effective_time_decay,
             *self._state.kernel_arrays(), scores, attribution, direction,
         )
         if learn:

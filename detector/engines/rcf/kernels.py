@@ -32,6 +32,10 @@ advances many models (all GPUs of a frame). The algorithms follow AWS's Java/Rus
   ``1 - mass / (2 * tree_mass)``, score-unseen ``1/(depth + 1)``, mixed bottom-up by the
   probability of separation, normalised by ``log2(tree_mass + 1)``, averaged over trees),
   and the directional attribution (AWS's DiVector) from the same pass.
+* Screening (``screen`` in ``advance``): a point of a healthy GPU scores far below its
+  threshold, so a few trees per group, taken in turn, estimate its score and the rest are
+  walked only when that estimate comes near the threshold (or a group takes the point and
+  its trees need their cuts). Scoring is most of a warm model's step.
 """
 
 from __future__ import annotations
@@ -754,7 +758,7 @@ def _prefetch_model(m: int, cut_dim: np.ndarray, cut_val: np.ndarray, left: np.n
 @njit(cache=True, error_model="numpy", fastmath=_SCORE_MATH)
 def _walk_forest(
     q: np.ndarray, m: int, m_next: int, attribute: bool, score: bool, accept: np.ndarray,
-    dup: np.ndarray,
+    dup: np.ndarray, t_from: int, t_to: int, turn: int, walked: np.ndarray,
     pend_level: np.ndarray, pend_dim: np.ndarray, pend_val: np.ndarray,
     pend_inside: np.ndarray, root: np.ndarray, cut_dim: np.ndarray, cut_val: np.ndarray,
     left: np.ndarray, right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray,
@@ -763,10 +767,13 @@ def _walk_forest(
     ghigh: np.ndarray, glow: np.ndarray, vhigh: np.ndarray,
     vlow: np.ndarray, high_i: np.ndarray, low_i: np.ndarray,
 ) -> float:
-    """Model m's score of ``q`` (mean over trees) and, in the trees of every group that
-    accepted q (``accept[g] != 0``), the cut that will insert it; with ``attribute`` also the
-    DiVector in ``high_i``/``low_i`` (mean over trees, summing to the score). With ``score``
-    False only the accepting groups are walked (learning before ``output_after``).
+    """Model m's trees ``t_from .. t_to - 1`` of every group, counted from the group's tree
+    ``turn`` round, walked for ``q``: returns the
+    sum of their scores (``walked[0]`` counts the trees) and, in the trees of every group
+    that accepted q (``accept[g] != 0``), draws the cut that will insert it; with
+    ``attribute`` (over all trees) also the DiVector in ``high_i``/``low_i`` (mean over
+    trees, summing to the score). With ``score`` False only the accepting groups are walked
+    (learning before ``output_after``, or the rest of a screened walk, see ``advance``).
 
     Scoring and AWS's bottom-up insertion take the same walk: descend by the cuts to a
     leaf, then climb, growing the box of each ancestor (from the cache, or by adding the
@@ -799,12 +806,17 @@ def _walk_forest(
     arena_share = (next_end + trees - 1) // trees
     for g in range(groups):
         draw = accept[g] != 0
+        if draw:
+            if t_from == 0:
+                dup[g] = -1
+            elif dup[g] >= 0:
+                # The first trees found q in the sample: the group only counts it again.
+                draw = False
         if not (score or draw):
             continue
         t0 = g * per_group
         size = ssize[m, g]
-        if draw:
-            dup[g] = -1
+        walked[0] += t_to - t_from
         if size == 0:
             for t in range(t0, t0 + per_group):
                 pend_dim[t] = -1
@@ -813,7 +825,8 @@ def _walk_forest(
         ghigh[:] = 0.0
         glow[:] = 0.0
         group_total = 0.0
-        for t in range(t0, t0 + per_group):
+        for k in range(t_from, t_to):
+            t = t0 + (turn + k) % per_group
             if m_next >= 0:
                 # Tree t of the next row's model (and a share of its points) streams in
                 # while this tree is walked: a few lines at a time, which the memory
@@ -1014,7 +1027,7 @@ def _walk_forest(
                 high_i[d] += ghigh[d] * norm / trees
                 low_i[d] += glow[d] * norm / trees
     meta[m, META_RNG] = rng
-    return total / trees
+    return total
 
 
 @njit(cache=True, error_model="numpy")
@@ -1023,6 +1036,8 @@ def advance(
     points: np.ndarray,
     learn: bool,
     attribute_above: np.ndarray,
+    screen: int,
+    screen_below: float,
     output_after: int,
     decay: float,
     meta: np.ndarray,
@@ -1050,9 +1065,17 @@ def advance(
 ) -> int:
     """Score each row's shingled point against its model (and learn it if ``learn``).
 
-    For rows whose score exceeds ``attribute_above``, ``attribution[i, f]`` is base feature
-    f's share of the forest's DiVector (averaged over trees, summed over its shingle
-    positions, high + low) and ``direction[i, f]`` the sign of high - low; zeros elsewhere.
+    ``attribute_above`` is each row's threshold. For rows whose score exceeds it,
+    ``attribution[i, f]`` is base feature f's share of the forest's DiVector (averaged over
+    trees, summed over its shingle positions, high + low) and ``direction[i, f]`` the sign
+    of high - low; zeros elsewhere.
+
+    Screening (``0 < screen`` < trees per group): the first ``screen`` trees of every group
+    are walked first; when their mean is below ``screen_below`` times the row's threshold
+    the point is plainly ordinary and its score is the mean of the trees walked (the
+    screen's, and the rest of any group that takes the point, whose trees need their cuts
+    anyway), an unbiased estimate of the full mean from fewer trees. Otherwise every tree
+    is walked, so a score near or above the threshold is always the whole forest's.
     Returns the most live points any learning model now holds (the arena must fit one more
     after compaction)."""
     n = ids.shape[0]
@@ -1071,6 +1094,9 @@ def advance(
     threshold = cache_threshold(capacity, cmass.shape[2])
     groups = weight.shape[1]
     trees = root.shape[1]
+    per_group = trees // groups
+    first = screen if 0 < screen < per_group else per_group
+    walked = np.zeros(1, dtype=np.int64)
     accept = np.zeros(groups, dtype=np.int8)
     no_accept = np.zeros(groups, dtype=np.int8)
     wnew = np.empty(groups, dtype=np.float32)
@@ -1107,18 +1133,36 @@ def advance(
             # Score (and draw the cuts that learn q) without attribution; only a row above
             # its limit (an anomaly, rare) takes a second pass that fills the DiVector.
             offered = accept if taking else no_accept
-            total = _walk_forest(q, m, m_next, False, scoring, offered, dup,
-                                 pend_level, pend_dim, pend_val, pend_inside, root, cut_dim,
-                                 cut_val, left, right, cslot, cbox, spid, ssize, soff, arena,
-                                 meta, path, stack, lo, hi, ghigh, glow, vhigh, vlow,
+            upto = first if scoring else per_group
+            # The screen moves on by its own width each point: every tree takes its turn,
+            # so no model's scores lean on the same few trees.
+            turn = (meta[m, META_SEQ] * first) % per_group
+            walked[0] = 0
+            total = _walk_forest(q, m, m_next, False, scoring, offered, dup, 0, upto, turn,
+                                 walked, pend_level, pend_dim, pend_val, pend_inside, root,
+                                 cut_dim, cut_val, left, right, cslot, cbox, spid, ssize, soff,
+                                 arena, meta, path, stack, lo, hi, ghigh, glow, vhigh, vlow,
                                  high, low)
+            if upto < per_group:
+                # Past the screen: every tree when the first ones are not plainly below
+                # the threshold, else only the groups that take q.
+                rest = total >= screen_below * attribute_above[i] * walked[0]
+                if rest or taking:
+                    total += _walk_forest(q, m, m_next, False, rest, offered, dup, upto,
+                                          per_group, turn, walked, pend_level, pend_dim,
+                                          pend_val, pend_inside, root, cut_dim, cut_val,
+                                          left, right, cslot, cbox, spid, ssize, soff,
+                                          arena, meta, path, stack, lo, hi, ghigh, glow,
+                                          vhigh, vlow, high, low)
             if scoring:
+                total /= walked[0]
                 scores[i] = total
                 if total > attribute_above[i]:
-                    _walk_forest(q, m, -1, True, True, no_accept, dup, pend_level, pend_dim,
-                                 pend_val, pend_inside, root, cut_dim, cut_val, left, right,
-                                 cslot, cbox, spid, ssize, soff, arena, meta, path, stack, lo,
-                                 hi, ghigh, glow, vhigh, vlow, high, low)
+                    _walk_forest(q, m, -1, True, True, no_accept, dup, 0, per_group, 0,
+                                 walked, pend_level, pend_dim, pend_val, pend_inside, root,
+                                 cut_dim, cut_val, left, right, cslot, cbox, spid, ssize, soff,
+                                 arena, meta, path, stack, lo, hi, ghigh, glow, vhigh, vlow,
+                                 high, low)
                     attributed = True
         for f in range(dims):
             h = 0.0
