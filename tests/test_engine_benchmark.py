@@ -1,9 +1,14 @@
-"""The forest benchmark's statistics and its synthetic stream (fast, no engine runs)."""
+"""The forest benchmarks: statistics and synthetic stream (no engine runs), and the cost by
+model age on a tiny run."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
+from benchmarks import forest_phases
 from benchmarks.forest import auc, ranks, spearman, synthetic_stream
 
 
@@ -35,3 +40,12 @@ def test_synthetic_stream_labels_match_its_events() -> None:
         marked[first:end, model] = True
     np.testing.assert_array_equal(marked, stream.labels)
     assert {kind for *_, kind in stream.events} == {"spike", "level_shift", "drift"}
+
+
+def test_forest_phases_reports_every_age_span_for_both_walks(tmp_path: Path) -> None:
+    out = tmp_path / "phases.json"
+    assert forest_phases.main(["--models", "3", "--steps", "120", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["ages"] == ["0-64", "64-120"]
+    assert set(got["us_per_step"]) == {"every_tree", "screen_2"}
+    assert all(len(v) == 2 and min(v) > 0 for v in got["us_per_step"].values())

@@ -99,8 +99,9 @@ Then: 1306-1311 zoo-run and 1312-1337 soaked at 51bd4b3 (1310 studied); 1338-134
 and 1344-1363 soaked on a change not landed (the 2 s candidate lag, measured from a
 worktree of 688e05d; 1342-1343 rerun at 688e05d, 1342-1343 studied). That change landed as
 d112880; 1364-1369 zoo-run at d112880 (1367 and 1369 studied), 1370-1395 soaked at e3ec346,
-1396-1401 zoo-run at 5ddc9e2 (1398-1399 rerun at e3ec346), so the next zoo starts at index
-402 (draw 1402), the next soak at index 408 (draw 1408)."""
+1396-1401 zoo-run at 5ddc9e2 (1398-1399 rerun at e3ec346); 1402-1407 zoo-run at 5dbdad0 and
+again with 4dc4d60's forest screen, so the next zoo starts at index 408 (draw 1408), the
+next soak at index 414 (draw 1414)."""
 
 
 @dataclass(frozen=True, slots=True)
