@@ -53,7 +53,7 @@ class ModelConfig:
     """Trees per sample group scored first; a point whose score on them is below
     ``screen_below`` times its threshold skips the rest (``EngineConfig.screen_trees``);
     0 scores every tree. Chosen on the tuning zoo: 2 of 15 per group gives the same
-    forest alerts as every tree at 0.7 of the detector's CPU per GPU-step."""
+    forest alerts as every tree at about three quarters of the detector's CPU per GPU-step."""
     screen_below: float = 0.5
     time_decay: float = 0.0
     """Reservoir decay lambda; 0 means AWS's default 1 / (10 * sample_size)."""
