@@ -55,6 +55,9 @@ class ModelConfig:
     0 scores every tree. Chosen on the tuning zoo: 2 of 15 per group gives the same
     forest alerts as every tree at about three quarters of the detector's CPU per GPU-step."""
     screen_below: float = 0.5
+    """... as a share of the threshold. Well under the node veto's "elevated" (0.8 of the
+    threshold, ``detector.shard``): a point whose few trees say less than half is almost
+    never one the whole forest puts that high."""
     time_decay: float = 0.0
     """Reservoir decay lambda; 0 means AWS's default 1 / (10 * sample_size)."""
     seed: int = 7

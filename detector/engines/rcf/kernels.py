@@ -767,10 +767,10 @@ def _walk_forest(
     ghigh: np.ndarray, glow: np.ndarray, vhigh: np.ndarray,
     vlow: np.ndarray, high_i: np.ndarray, low_i: np.ndarray,
 ) -> float:
-    """Model m's trees ``t_from .. t_to - 1`` of every group, counted from the group's tree
-    ``turn`` round, walked for ``q``: returns the
-    sum of their scores (``walked[0]`` counts the trees) and, in the trees of every group
-    that accepted q (``accept[g] != 0``), draws the cut that will insert it; with
+    """Model m's trees ``t_from .. t_to - 1`` of every group, counted round from the group's
+    tree ``turn``, walked for ``q``: returns the sum of their scores (``walked[0]`` counts
+    the trees) and, in the trees of every group that accepted q (``accept[g] != 0``), draws
+    the cut that will insert it; with
     ``attribute`` (over all trees) also the DiVector in ``high_i``/``low_i`` (mean over
     trees, summing to the score). With ``score`` False only the accepting groups are walked
     (learning before ``output_after``, or the rest of a screened walk, see ``advance``).
@@ -1070,8 +1070,8 @@ def advance(
     trees, summed over its shingle positions, high + low) and ``direction[i, f]`` the sign
     of high - low; zeros elsewhere.
 
-    Screening (``0 < screen`` < trees per group): the first ``screen`` trees of every group
-    are walked first; when their mean is below ``screen_below`` times the row's threshold
+    Screening (``0 < screen`` < trees per group): ``screen`` trees of every group, the next
+    ones in turn for each point, are walked first; when their mean is below ``screen_below`` times the row's threshold
     the point is plainly ordinary and its score is the mean of the trees walked (the
     screen's, and the rest of any group that takes the point, whose trees need their cuts
     anyway), an unbiased estimate of the full mean from fewer trees. Otherwise every tree
