@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.results_file import write_result
 from detector.config import ModelConfig
 from detector.engines import make_engine
 from detector.features import FEATURES
@@ -79,10 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:>10}: " + " | ".join(f"{a}: {c:.0f} us"
                                           for a, c in zip(result["ages"], costs, strict=True)),
               flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    if args.json:
-        print(json.dumps(result))
+    write_result(result, args.out, args.json)
     return 0
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 import uuid
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.ingest import _start_broker, _stop_broker
+from benchmarks.results_file import write_result
 
 RESULTS = Path(__file__).resolve().parent / "results" / "restore.json"
 
@@ -162,11 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in result.items():
         if k != "what":
             print(f"{k:>26}: {v}")
-    if not args.no_write:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-    if args.json:
-        print(json.dumps(result))
+    write_result(result, None if args.no_write else args.out, args.json)
     return 0
 
 
