@@ -127,6 +127,7 @@ class Stats:
         self.suppressed = 0
         self.checkpoints = 0
         self.models = 0
+        self.models_warming = 0
         self.open_alerts = 0
         self.alerts: dict[tuple[str, str], int] = {}
         self.incidents: dict[str, int] = {}
@@ -187,6 +188,10 @@ class _StatsCollector:
             dead.add_metric([topic], n)
         yield dead
         yield GaugeMetricFamily(p + "models", "GPU models held.", value=s.models)
+        yield GaugeMetricFamily(p + "models_warming",
+                                "GPU forests that cannot alert yet (fewer than model.warmup "
+                                "scored steps); their steps cost the most.",
+                                value=s.models_warming)
         yield GaugeMetricFamily(p + "behind_seconds",
                                 "How long the newest record processed had waited in Kafka, "
                                 "worst partition (0 once a partition is read to its end).",
@@ -379,7 +384,7 @@ class DetectorService:
                 if tp in self.next_offset:
                     await self.consumer.seek(tp, self.next_offset[tp])
                     self._read_offset[tp] = self.next_offset[tp]
-        self.stats.models = sum(len(s.gpu_paths) for s in self.shards.values())
+        self._count_models()
 
     async def on_revoked(self, revoked: frozenset[TopicPartition]) -> None:
         await self._checkpoint_settled()
@@ -551,8 +556,12 @@ class DetectorService:
         if shard.skipped_steps > skipped:
             self._shed_age_s = max(self._shed_age_s, (now_ms - oldest_record) / 1000.0)
             self._shed_partitions.add(p)
-        self.stats.models = sum(len(s.gpu_paths) for s in self.shards.values())
+        self._count_models()
         return out
+
+    def _count_models(self) -> None:
+        self.stats.models = sum(len(s.gpu_paths) for s in self.shards.values())
+        self.stats.models_warming = sum(s.models_warming() for s in self.shards.values())
 
     # -- lag ---------------------------------------------------------------------------
 

@@ -178,6 +178,18 @@ class DetectorShard:
         self.rack_windows.ensure_gpus(n)
         self.rack_heat.ensure(r)
 
+    def models_warming(self) -> int:
+        """GPU forests that cannot alert yet: fewer than ``model.warmup`` scored steps (the
+        engine's own cold start, ``sample_size / 4`` points, scores nothing, so it counts
+        here too). Such a forest costs the most per step (every point goes into its trees
+        while its samples fill), so a fleet's first quarter hour, and any short load test,
+        runs dearer than a warm one."""
+        if not self.config.model.enabled:
+            return 0
+        n = len(self.gpu_paths)
+        seen = self.gpu_bank.thresholds.seen[:n]
+        return int(np.count_nonzero(seen < self.config.model.warmup)) + n - len(seen)
+
     # -- processing -------------------------------------------------------------------
 
     def process(

@@ -245,6 +245,8 @@ async def test_behind_sheds_model_steps_alerts_and_resolves_when_caught_up(
     assert service.stats.skipped_steps == 50 * 8 and service.stats.model_steps == 20 * 8
     scrape = generate_latest(service.stats.registry).decode()
     assert "fleetpulse_detector_model_steps_skipped_total 400.0" in scrape
+    # 20 scored steps at most: every forest is still in its cold start
+    assert "fleetpulse_detector_models_warming 8.0" in scrape
     alerts = [a for m in await _read_all(transport, topics.alerts)
               if isinstance(a := decode_alerts_topic(m.value), AlertRecord)]
     lag = [a for a in alerts if a.source == LAG_SOURCE]
