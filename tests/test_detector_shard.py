@@ -73,6 +73,18 @@ def test_no_alert_during_cold_start_even_for_wild_data() -> None:
     assert not [a for a in alerts if a.source.startswith("model:")]
 
 
+def test_forests_count_as_warming_until_their_threshold_has_seen_warmup_scores() -> None:
+    shard, ids, nodes = _shard(4)
+    assert shard.models_warming() == 4  # registered, nothing seen
+    data = healthy(240, 4, seed=2)
+    shard.process(ids, nodes, timestamps(120), data[:120])
+    assert shard.models_warming() == 4  # ~100 scored steps of the 150 warm-up
+    shard.process(ids, nodes, timestamps(120, start=120), data[120:])
+    assert shard.models_warming() == 0
+    off, _, _ = _shard(4, small_config(model=ModelConfig(enabled=False)))
+    assert off.models_warming() == 0  # no forest, nothing to warm
+
+
 def test_rack_model_sees_a_cooling_wave() -> None:
     shard, ids, nodes = _shard(8)
     data = healthy(1100, 8, seed=6)
