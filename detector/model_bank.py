@@ -74,6 +74,12 @@ class ModelBank:
         opened, resolved = self.episodes.step(ids, anomalous, batch.scores, ts_ms, reset)
         return BankStep(batch, thr, anomalous, opened, resolved)
 
+    def warming(self, n: int) -> int:
+        """Of models ``0..n-1``, those that cannot alert yet: fewer than ``warmup`` scored
+        steps (a model the bank has not grown to has seen none)."""
+        seen = self.thresholds.seen[:n]
+        return int(np.count_nonzero(seen < self.thresholds.params.warmup)) + n - len(seen)
+
     def state_arrays(self, prefix: str) -> dict[str, npt.NDArray[np.generic]]:
         out: dict[str, npt.NDArray[np.generic]] = {}
         out.update(self.thresholds.state_arrays(f"{prefix}.thresholds"))

@@ -186,9 +186,7 @@ class DetectorShard:
         runs dearer than a warm one."""
         if not self.config.model.enabled:
             return 0
-        n = len(self.gpu_paths)
-        seen = self.gpu_bank.thresholds.seen[:n]
-        return int(np.count_nonzero(seen < self.config.model.warmup)) + n - len(seen)
+        return self.gpu_bank.warming(len(self.gpu_paths))
 
     # -- processing -------------------------------------------------------------------
 
