@@ -770,10 +770,10 @@ def _walk_forest(
     """Model m's trees ``t_from .. t_to - 1`` of every group, counted round from the group's
     tree ``turn``, walked for ``q``: returns the sum of their scores (``walked[0]`` counts
     the trees) and, in the trees of every group that accepted q (``accept[g] != 0``), draws
-    the cut that will insert it; with
-    ``attribute`` (over all trees) also the DiVector in ``high_i``/``low_i`` (mean over
-    trees, summing to the score). With ``score`` False only the accepting groups are walked
-    (learning before ``output_after``, or the rest of a screened walk, see ``advance``).
+    the cut that will insert it; with ``attribute`` (over all trees) also the DiVector in
+    ``high_i``/``low_i`` (mean over trees, summing to the score). With ``score`` False only
+    the accepting groups are walked (learning before ``output_after``, or the rest of a
+    screened walk, see ``advance``).
 
     Scoring and AWS's bottom-up insertion take the same walk: descend by the cuts to a
     leaf, then climb, growing the box of each ancestor (from the cache, or by adding the
