@@ -66,12 +66,16 @@ class SmallDisk:
         return st.f_bavail * st.f_frsize
 
     def fill(self, keep: int = 0) -> None:
-        """Take all free space but ``keep`` bytes (writes until the disk says no)."""
-        with open(self.filler, "ab") as fh:
+        """Take all free space but ``keep`` bytes (writes until the disk says no).
+
+        Unbuffered: a buffered file keeps what a refused write left over and tries it again
+        when closed, which raises ENOSPC out of the ``with`` when the process under test
+        took the last blocks between ``free()`` and the write.
+        """
+        with open(self.filler, "ab", buffering=0) as fh:
             while (n := self.free() - keep) > 0:
                 try:
                     fh.write(b"\0" * min(n, 1 << 20))
-                    fh.flush()
                 except OSError as exc:
                     assert exc.errno == errno.ENOSPC
                     break
