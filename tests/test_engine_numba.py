@@ -31,12 +31,18 @@ def feed(engine: ForestEngine, data: npt.NDArray[np.float32]) -> npt.NDArray[np.
     return np.stack([engine.update(ids, data[s]).scores for s in range(len(data))])
 
 
-def tree_invariants(engine: NumbaEngine, m: int) -> None:
-    """Every tree holds exactly its group's distinct sampled points, and every sampled
-    point id is live with the right reference count."""
+def tree_invariants(engine: NumbaEngine, m: int) -> bool:
+    """Every tree holds exactly its group's distinct sampled points (distinct point ids
+    are distinct points), and every sampled point id is live with the right reference
+    count. Before ``output_after`` a model only samples: all its trees are empty until it
+    first scores. Returns whether the trees are built."""
     st = engine._state
     groups = st.spid.shape[1]
     per_group = st.root.shape[1] // groups
+    dim = st.layout.dim
+    built = bool(np.any(st.root[m] != -1))
+    if not built:
+        assert st.meta[m, kernels.META_SEQ] <= engine.config.effective_output_after
     refs = np.zeros(st.offset.shape[1], dtype=np.int64)
     for g in range(groups):
         size = int(st.ssize[m, g])
@@ -44,6 +50,11 @@ def tree_invariants(engine: NumbaEngine, m: int) -> None:
         assert np.all(slots >= 0)
         np.add.at(refs, slots, 1)
         distinct = len(np.unique(slots))
+        points = {st.arena[m, off : off + dim].tobytes()
+                  for off in st.offset[m, np.unique(slots)].astype(np.int64)}
+        assert len(points) == distinct
+        if not built:
+            continue
         for t in range(g * per_group, (g + 1) * per_group):
             leaves, stack = [], [int(st.root[m, t])]
             while stack:
@@ -55,6 +66,7 @@ def tree_invariants(engine: NumbaEngine, m: int) -> None:
             assert len(leaves) == distinct
             assert {int(st.spid[m, g, s]) for s in leaves} == set(slots.tolist())
     np.testing.assert_array_equal(refs, st.refcnt[m])
+    return built
 
 
 def subtree_slots(engine: NumbaEngine, m: int, t: int, node: int) -> list[int]:
@@ -142,7 +154,9 @@ def test_trees_and_caches_stay_exact_after_every_update(screen: int) -> None:
     for step in range(len(data)):
         engine.update(ids, data[step], attribute_above=2.0)
         for m in range(2):
-            tree_invariants(engine, m)
+            # Built at the first point scored (seq == output_after), not before.
+            built = tree_invariants(engine, m)
+            assert built == (engine._state.meta[m, kernels.META_SEQ] > cfg.output_after)
             cache_invariants(engine, m)
 
 
@@ -280,3 +294,53 @@ def test_screening_skips_trees_only_for_points_plainly_below_their_threshold() -
     differs = ~np.isclose(got, whole, rtol=1e-12, atol=0.0)
     assert differs.any()
     assert (got[differs] < 0.5 * limit).all()
+
+
+def test_trees_built_at_output_after_score_as_trees_grown_point_by_point() -> None:
+    # A young model only samples and builds its trees top-down when it first scores; a
+    # random cut tree built so is distributed as one grown by insertion. With the same 64
+    # points in every sampler (all taken while filling), the mean score of each probe
+    # over 40 forests of 50 trees agrees within sampling error. The dimensions' ranges
+    # differ a hundredfold, so a cut that ignored them would move the scores by far more.
+    rng = np.random.default_rng(3)
+    models = 40
+    points = (rng.normal(size=(64, 3)) * np.array([1.0, 10.0, 0.1])).astype(np.float32)
+    probes = np.array([[0, 0, 0], [3, 0, 0], [0, 30, 0], [0, 0, 0.3], [1, 5, 0.05],
+                       [-2, -20, -0.2]], dtype=np.float32)
+    ids = np.arange(models, dtype=np.int64)
+    scores = {}
+    for output_after in (64, 1):  # built at point 64 / grown point by point from point 1
+        engine = NumbaEngine(EngineConfig(dims=3, shingle=1, trees=50, sample_size=1024,
+                                          seed=7, output_after=output_after))
+        engine.ensure_models(models)
+        for p in points:
+            engine.update(ids, np.repeat(p[None], models, axis=0))
+        assert np.all(engine._state.ssize[:models] == 64)
+        scores[output_after] = np.stack([
+            engine.score(ids, np.repeat(p[None], models, axis=0)).scores for p in probes])
+        for m in range(models):
+            assert tree_invariants(engine, m)
+            cache_invariants(engine, m)
+    built, grown = scores[64], scores[1]
+    z = (built.mean(axis=1) - grown.mean(axis=1)) / np.sqrt(
+        (built.var(axis=1) + grown.var(axis=1)) / models)
+    assert np.all(np.abs(z) < 4), z
+
+
+def test_a_model_checkpointed_before_its_trees_are_built_goes_on_as_it_would_have() -> None:
+    # Saved while it only samples (empty trees, full reservoirs): restored, it builds the
+    # same trees at the same point and scores exactly as the model that was never saved.
+    cfg = EngineConfig(dims=3, shingle=2, trees=6, sample_size=64, seed=2)
+    data = wavy(120, 2, 3, seed=2)
+    original = NumbaEngine(cfg)
+    feed(original, data[:12])
+    assert not tree_invariants(original, 1)
+    restored = NumbaEngine(cfg)
+    restored.ensure_models(2)
+    restored.restore(1, original.checkpoint(1))
+    ids = np.array([1], dtype=np.int64)
+    after = [(original.update(ids, data[s, 1:]).scores[0], restored.update(ids, data[s, 1:]).scores[0])
+             for s in range(12, 120)]
+    assert tree_invariants(restored, 1)
+    np.testing.assert_array_equal(*zip(*after, strict=True))
+    assert max(a for a, _ in after) > 0  # it scored after output_after (16)

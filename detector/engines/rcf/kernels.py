@@ -18,6 +18,11 @@ advances many models (all GPUs of a frame). The algorithms follow AWS's Java/Rus
   new leaf is spliced in before the evicted point is deleted (``_take``). Deletion descends
   by the point and splices the parent out; in cached ancestors, the extremes the deleted
   slot held are found anew.
+* Cold start: until a model must score (``output_after`` points) its samplers fill and
+  its trees stay empty; at the first point it scores every tree is cut top-down from its
+  group's sample (``_build_trees``), which is the same random cut tree in distribution and
+  costs about ``n log n`` where inserting into trees too small to cache boxes costs up
+  to ``n^2`` (66 us a step before, 1.2 us now: ``benchmarks.forest_phases``).
 * Sampler: time-decayed reservoir as AWS's CompactSampler: weight
   ``-(seq * lambda) + log(-log U)``, keep the ``sample_size`` smallest, accept everything
   while filling (then with AWS's decreasing initial-accept probability). A model has
@@ -741,6 +746,193 @@ def _take(
 
 
 @njit(cache=True, error_model="numpy")
+def _trees_empty(m: int, root: np.ndarray, groups: int, per_group: int) -> bool:
+    """Whether every tree of model m is empty: a new model, or one whose samplers fill
+    before ``output_after`` with their trees not built yet (see ``_build_trees``)."""
+    for g in range(groups):  # noqa: SIM110 - a loop, which numba compiles without a generator
+        if root[m, g * per_group] != -1:
+            return False
+    return True
+
+
+@njit(cache=True, error_model="numpy")
+def _sampled_twin(q: np.ndarray, m: int, g: int, spid: np.ndarray, ssize: np.ndarray,
+                  soff: np.ndarray, arena: np.ndarray) -> int:
+    """The point id of group g's sample that equals ``q`` exactly, -1 none (what the first
+    tree's walk finds once the trees are built)."""
+    dim = q.shape[0]
+    for s in range(ssize[m, g]):
+        off = np.uint64(soff[m, g, s])
+        same = True
+        for d in range(dim):
+            if arena[m, off + np.uint64(d)] != q[d]:
+                same = False
+                break
+        if same:
+            return spid[m, g, s]
+    return -1
+
+
+@njit(cache=True, error_model="numpy")
+def _sample_only(q: np.ndarray, shift: int, m: int, accept: np.ndarray, wnew: np.ndarray,
+                 dup: np.ndarray, meta: np.ndarray, weight: np.ndarray, spid: np.ndarray,
+                 ssize: np.ndarray, heavy: np.ndarray, arena: np.ndarray,
+                 offset: np.ndarray, soff: np.ndarray, refcnt: np.ndarray) -> None:
+    """``_take`` for a model whose trees are not built yet: the samplers and the point
+    store change as they would, the trees are left for ``_build_trees``."""
+    new_pid = -1
+    for g in range(weight.shape[1]):
+        if accept[g] == 0:
+            continue
+        size = ssize[m, g]
+        old_pid = -1
+        if accept[g] == 1:
+            slot = size
+            ssize[m, g] = size + 1
+        else:
+            slot = heavy[m, g]
+            old_pid = spid[m, g, slot]
+            if dup[g] == old_pid:
+                weight[m, g, slot] = wnew[g]
+                heavy[m, g] = _heaviest(weight[m, g], size)
+                continue
+        pid = dup[g]
+        if pid < 0:
+            if new_pid < 0:
+                new_pid = _store_point(q, shift, m, arena, offset, refcnt, meta, spid, soff)
+            pid = new_pid
+        spid[m, g, slot] = pid
+        soff[m, g, slot] = offset[m, pid]
+        weight[m, g, slot] = wnew[g]
+        heavy[m, g] = _heaviest(weight[m, g], ssize[m, g])
+        refcnt[m, pid] += 1
+        if old_pid >= 0:
+            _release_point(old_pid, m, offset, refcnt, meta)
+
+
+@njit(cache=True, error_model="numpy")
+def _build_trees(
+    m: int, threshold: int, meta: np.ndarray, spid: np.ndarray, ssize: np.ndarray,
+    root: np.ndarray, free_head: np.ndarray, cut_dim: np.ndarray, cut_val: np.ndarray,
+    left: np.ndarray, right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray,
+    cmass: np.ndarray, offset: np.ndarray, soff: np.ndarray, arena: np.ndarray,
+    stack: np.ndarray, lo: np.ndarray, hi: np.ndarray, loi: np.ndarray, hii: np.ndarray,
+) -> None:
+    """Build model m's empty trees top-down from their groups' samples, then their caches.
+
+    A random cut tree grown by inserting points one at a time is distributed as one cut
+    top-down on the whole set (Guha et al. 2016, theorem 2): a box's cut picks a dimension
+    in proportion to its range and a value uniform in it. Top-down costs about
+    ``n log n`` per tree where insertion into trees too small to have cached boxes costs up
+    to ``n^2``, so a young model samples without trees until it must score
+    (``output_after``) and builds them then."""
+    groups = spid.shape[1]
+    per_group = root.shape[1] // groups
+    capacity = spid.shape[2]
+    dim = lo.shape[0]
+    rep_of = np.full(offset.shape[1], -1, dtype=np.int64)
+    reps = np.empty(capacity, dtype=np.int64)
+    r_from = np.empty(capacity + 1, dtype=np.int64)
+    r_to = np.empty(capacity + 1, dtype=np.int64)
+    r_parent = np.empty(capacity + 1, dtype=np.int64)
+    r_right = np.empty(capacity + 1, dtype=np.bool_)
+    for g in range(groups):
+        t0 = g * per_group
+        size = ssize[m, g]
+        if size == 0 or root[m, t0] != -1:
+            continue
+        # One leaf per distinct point, named by the first slot that holds it.
+        n = 0
+        for s in range(size):
+            pid = spid[m, g, s]
+            if rep_of[pid] < 0:
+                rep_of[pid] = s
+                reps[n] = s
+                n += 1
+        for s in range(size):
+            rep_of[spid[m, g, s]] = -1
+        for t in range(t0, t0 + per_group):
+            r_from[0] = 0
+            r_to[0] = n
+            r_parent[0] = -1
+            r_right[0] = False
+            top = 1
+            while top > 0:
+                top -= 1
+                a = r_from[top]
+                b = r_to[top]
+                parent = r_parent[top]
+                to_right = r_right[top]
+                if b - a == 1:
+                    code = -(reps[a] + 2)
+                else:
+                    for d in range(dim):
+                        lo[d] = np.inf
+                        hi[d] = -np.inf
+                    for k in range(a, b):
+                        off = np.uint64(soff[m, g, reps[k]])
+                        for d in range(dim):
+                            v = arena[m, off + np.uint64(d)]
+                            lo[d] = v if v < lo[d] else lo[d]
+                            hi[d] = v if v > hi[d] else hi[d]
+                    span = 0.0
+                    for d in range(dim):
+                        span += np.float64(hi[d]) - np.float64(lo[d])
+                    r = _uniform(meta, m) * span
+                    cdim = -1
+                    last = -1
+                    for d in range(dim):
+                        width = np.float64(hi[d]) - np.float64(lo[d])
+                        if width > 0.0:
+                            last = d
+                            if r < width:
+                                cdim = d
+                                break
+                            r -= width
+                    if cdim < 0:
+                        # Rounding left r past the last range: cut at its top (below).
+                        cdim = last
+                        r = np.float64(hi[last]) - np.float64(lo[last])
+                    # ``x <= cut`` goes left, as in ``_walk_forest``: the cut lies in
+                    # [lo, hi), so the lowest point goes left and the highest right.
+                    cval = np.float32(np.float64(lo[cdim]) + r)
+                    if cval >= hi[cdim]:
+                        cval = np.float32(np.nextafter(hi[cdim], lo[cdim]))
+                    i = a
+                    j = b - 1
+                    while i <= j:
+                        if arena[m, np.uint64(soff[m, g, reps[i]]) + np.uint64(cdim)] <= cval:
+                            i += 1
+                        else:
+                            swap = reps[i]
+                            reps[i] = reps[j]
+                            reps[j] = swap
+                            j -= 1
+                    node = free_head[m, t]
+                    free_head[m, t] = left[m, t, node]
+                    cut_dim[m, t, node] = cdim
+                    cut_val[m, t, node] = cval
+                    r_from[top] = i
+                    r_to[top] = b
+                    r_parent[top] = node
+                    r_right[top] = True
+                    r_from[top + 1] = a
+                    r_to[top + 1] = i
+                    r_parent[top + 1] = node
+                    r_right[top + 1] = False
+                    top += 2
+                    code = node
+                if parent < 0:
+                    root[m, t] = code
+                elif to_right:
+                    right[m, t, parent] = code
+                else:
+                    left[m, t, parent] = code
+            _rebuild_tree_cache(m, t, g, root, left, right, cslot, cbox, cmass, spid, offset,
+                                soff, arena, threshold, stack, lo, hi, loi, hii)
+
+
+@njit(cache=True, error_model="numpy")
 def _prefetch_model(m: int, cut_dim: np.ndarray, cut_val: np.ndarray, left: np.ndarray,
                     right: np.ndarray, cslot: np.ndarray, cbox: np.ndarray, arena: np.ndarray,
                     meta: np.ndarray) -> None:
@@ -1128,8 +1320,19 @@ def advance(
         attributed = False
         full = steps + 1 >= shingle
         scoring = full and meta[m, META_SEQ] >= output_after and meta[m, META_SEQ] > 0
+        empty = _trees_empty(m, root, groups, per_group)
+        if scoring and empty:
+            _build_trees(m, threshold, meta, spid, ssize, root, free_head, cut_dim, cut_val,
+                         left, right, cslot, cbox, cmass, offset, soff, arena, stack, lo, hi,
+                         loi, hii)
+            empty = _trees_empty(m, root, groups, per_group)
         taking = learn and full and _offer(m, decay, meta, weight, ssize, heavy, accept, wnew)
-        if scoring or taking:
+        # Before it scores, a model only samples; its trees are built when it first must.
+        sampling = taking and not scoring and empty
+        if sampling:
+            for g in range(groups):
+                dup[g] = _sampled_twin(q, m, g, spid, ssize, soff, arena) if accept[g] else -1
+        elif scoring or taking:
             # Score (and draw the cuts that learn q) without attribution; only a row above
             # its limit (an anomaly, rare) takes a second pass that fills the DiVector.
             offered = accept if taking else no_accept
@@ -1177,7 +1380,10 @@ def advance(
             for d in range(dim):
                 shingle_buf[m, d] = q[d]
             meta[m, META_STEPS] = steps + 1
-            if taking:
+            if sampling:
+                _sample_only(q, dims, m, accept, wnew, dup, meta, weight, spid, ssize, heavy,
+                             arena, offset, soff, refcnt)
+            elif taking:
                 _take(q, dims, m, accept, wnew, dup, pend_level, pend_dim, pend_val,
                       pend_inside, threshold, meta, weight, spid, ssize, heavy, root,
                       free_head, cut_dim, cut_val, left, right, cslot, cbox, cmass, arena,
