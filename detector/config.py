@@ -392,6 +392,15 @@ class DetectorConfig:
     are committed as usual, skipped steps are counted, and a ``detector:lag`` alert is open
     while it lasts (kept across restarts; resolved once every partition is back within half
     this). 0 never sheds."""
+    admit_within_s: float = 5.0
+    """Cold-start admission: a GPU forest whose cold start ends (``output_after`` points)
+    builds its trees and starts scoring only in a chunk of records that waited in Kafka
+    less than this (the clock of ``shed_after_s``). While the detector is behind, such
+    forests go on sampling, unscored, at about 1 us a step, and start once it has caught
+    up: a forest's first thousand points are its dearest steps (its reservoirs take most
+    of them), so a mass cold start (a new cluster, a restart without checkpoints) starts
+    as many forests as the CPU keeps up with instead of falling behind and shedding. The
+    forests still waiting count as warming on /metrics. 0 never holds one back."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The per-GPU forests."""
     rack: RackModelConfig = field(default_factory=RackModelConfig)
@@ -412,7 +421,7 @@ class DetectorConfig:
             raise ConfigError("checkpoint_interval_s must be > 0")
         if self.partitions < 1 or self.max_batch < 1 or self.batch_frames < 1:
             raise ConfigError("partitions, max_batch and batch_frames must be >= 1")
-        if self.batch_wait_s < 0 or self.shed_after_s < 0:
-            raise ConfigError("batch_wait_s and shed_after_s must be >= 0")
+        if self.batch_wait_s < 0 or self.shed_after_s < 0 or self.admit_within_s < 0:
+            raise ConfigError("batch_wait_s, shed_after_s and admit_within_s must be >= 0")
         if not -1 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be -1..65535, got {self.metrics_port}")

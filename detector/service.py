@@ -548,7 +548,8 @@ class DetectorService:
         if cfg.job_peers.enabled:  # after registering the chunk's GPUs
             shard.jobs.sync(shard.gpu_paths, self._spans, self._workloads_version)
         steps, skipped = shard.gpu_steps, shard.skipped_steps
-        out = shard.process_blocks(blocks, shed_before_ms=shed_before)
+        admit = cfg.admit_within_s <= 0 or oldest_record >= now_ms - cfg.admit_within_s * 1000
+        out = shard.process_blocks(blocks, shed_before_ms=shed_before, admit=admit)
         self.next_offset[(self.topics.samples, p)] = chunk[-1][0] + 1
         self.stats.model_steps += shard.gpu_steps - steps
         self.stats.skipped_steps += shard.skipped_steps - skipped

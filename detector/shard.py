@@ -204,7 +204,8 @@ class DetectorShard:
                                    trace, shed_before_ms)
 
     def process_blocks(self, blocks: list[TickBlock], trace: StepTrace | None = None,
-                       shed_before_ms: int | None = None) -> list[AlertRecord]:
+                       shed_before_ms: int | None = None, admit: bool = True
+                       ) -> list[AlertRecord]:
         """Run several blocks of ticks (frames of many nodes) together.
 
         The health rules see every tick, rows with the same timestamp in one call; the
@@ -214,7 +215,9 @@ class DetectorShard:
         a few vector calls, not a few per frame. Steps stamped before ``shed_before_ms``
         are shed (the detector is behind, see ``DetectorConfig.shed_after_s``): their
         features are still computed (the per-GPU state stays continuous) but the forests,
-        thresholds and hysteresis skip them; ``skipped_steps`` counts them.
+        thresholds and hysteresis skip them; ``skipped_steps`` counts them. ``admit``
+        False holds GPU forests whose cold start ends in these steps in it (they sample on,
+        unscored: see ``DetectorConfig.admit_within_s``).
 
         ``trace`` gets one entry per step stamp over the GPUs of the first block.
         Alerts come back in time order (their ``updated_ms``).
@@ -251,7 +254,7 @@ class DetectorShard:
             tb, sb = int(tick_cut[k]), int(step_cut[k])
             if sb > sa:
                 out.extend(self._model_step(steps, step_order[sa:sb], stamp, trace,
-                                            blocks[0].ids, shed_before_ms))
+                                            blocks[0].ids, shed_before_ms, admit))
             if tb > ta:
                 sel = np.sort(round_of[ta:tb])  # time order within the step
                 out.extend(self._rule_ticks(ids[sel], ts[sel], rows[sel]))
@@ -315,19 +318,19 @@ class DetectorShard:
 
     def _model_step(self, steps: FoldedSteps, sel: npt.NDArray[np.int64], stamp: int,
                     trace: StepTrace | None, trace_ids: npt.NDArray[np.int64],
-                    shed_before_ms: int | None) -> list[AlertRecord]:
+                    shed_before_ms: int | None, admit: bool) -> list[AlertRecord]:
         """The completed steps ``sel`` (all stamped ``stamp``) through the models at once."""
         gid = steps.ids[sel]
         nodes = self.node_of[gid]
         by_node = np.argsort(nodes, kind="stable")  # node peers contiguous
         gid, nodes, rows = gid[by_node], nodes[by_node], steps.rows[sel][by_node]
         shed = shed_before_ms is not None and stamp < shed_before_ms
-        return self._step(gid, nodes, stamp, rows, trace, trace_ids, shed)
+        return self._step(gid, nodes, stamp, rows, trace, trace_ids, shed, admit)
 
     def _step(
         self, ids: npt.NDArray[np.int64], nodes: npt.NDArray[np.int64], ts: int,
         row: npt.NDArray[np.float64], trace: StepTrace | None,
-        trace_ids: npt.NDArray[np.int64], shed: bool,
+        trace_ids: npt.NDArray[np.int64], shed: bool, admit: bool = True,
     ) -> list[AlertRecord]:
         """One model step (stamp ``ts``) for GPUs ``ids`` from their folded rows."""
         self.steps += 1
@@ -349,7 +352,8 @@ class DetectorShard:
                 vids, feats[vi], ts,
                 lambda a, b, th: self._node_veto(
                     vids, nodes[vi], feats[vi], _health_led(a, b),
-                    b.scores >= _ELEVATED * th, ts) & ~self.jobs.settling(vids, ts))
+                    b.scores >= _ELEVATED * th, ts) & ~self.jobs.settling(vids, ts),
+                admit)
             batch, thr = res.batch, res.thresholds
             scores = batch.scores
             for r in res.opened:

@@ -45,5 +45,7 @@ def test_environment_overrides_and_validation() -> None:
         load_config(DetectorConfig, overrides={"model": {"screen_below": 1.5}})
     with pytest.raises(ConfigError, match="shed_after_s"):
         load_config(DetectorConfig, overrides={"shed_after_s": -1.0})
+    with pytest.raises(ConfigError, match="admit_within_s"):
+        load_config(DetectorConfig, overrides={"admit_within_s": -1.0})
     with pytest.raises(ConfigError, match="unknown keys"):
         load_config(DetectorConfig, overrides={"model": {"treez": 3}})

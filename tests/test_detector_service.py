@@ -256,6 +256,43 @@ async def test_behind_sheds_model_steps_alerts_and_resolves_when_caught_up(
     await transport.close()
 
 
+async def test_behind_holds_new_forests_in_their_cold_start_until_caught_up(
+        tmp_path: Path) -> None:
+    """Behind by more than ``admit_within_s`` but less than ``shed_after_s``: every step is
+    modelled (none shed), but the forests whose cold start ends meanwhile (16 points) stay
+    in it, sampling, unscored; once the records are fresh again they start scoring."""
+    config, transport, topics = await _shedding_setup(tmp_path)
+    now = int(time.time() * 1000)
+    data = healthy(40, 8, seed=7)
+    service = DetectorService(config, transport)
+    clock = service.clock = _Clock()
+    clock.ahead = 10.0
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+
+    def scored() -> list[int]:
+        return [int(c) for sh in service.shards.values()
+                for c in sh.gpu_bank.thresholds.seen[:len(sh.gpu_paths)]]
+
+    async def until(done: object) -> None:
+        deadline = asyncio.get_running_loop().time() + 60
+        while not done():  # type: ignore[operator]
+            assert asyncio.get_running_loop().time() < deadline and not task.done()
+            await asyncio.sleep(0.05)
+
+    await _send_frames(transport, topics, now + 1000 * np.arange(30), data[:30])
+    await until(lambda: service.stats.model_steps == 30 * 8)
+    assert service.stats.skipped_steps == 0
+    assert len(scored()) == 8 and max(scored()) == 0  # past 16 + shingle points, held
+    clock.ahead = 0.0
+    await _send_frames(transport, topics, now + 1000 * np.arange(30, 40), data[30:40], seq0=6)
+    await until(lambda: service.stats.model_steps == 40 * 8)
+    stop.set()
+    await task
+    assert scored() == [10] * 8  # admitted at the first fresh chunk: every step scored
+    await transport.close()
+
+
 async def test_an_open_lag_alert_survives_a_restart_once(tmp_path: Path) -> None:
     """The ``detector:lag`` alert open when the detector stops is still open after it
     restarts: not opened a second time while it is still behind, and resolved (same id)

@@ -31,17 +31,17 @@ def feed(engine: ForestEngine, data: npt.NDArray[np.float32]) -> npt.NDArray[np.
     return np.stack([engine.update(ids, data[s]).scores for s in range(len(data))])
 
 
-def tree_invariants(engine: NumbaEngine, m: int) -> bool:
+def tree_invariants(engine: NumbaEngine, m: int, held: bool = False) -> bool:
     """Every tree holds exactly its group's distinct sampled points (distinct point ids
     are distinct points), and every sampled point id is live with the right reference
     count. Before ``output_after`` a model only samples: all its trees are empty until it
-    first scores. Returns whether the trees are built."""
+    first scores (or, ``held``, until it is admitted). Returns whether they are built."""
     st = engine._state
     groups = st.spid.shape[1]
     per_group = st.root.shape[1] // groups
     dim = st.layout.dim
     built = bool(np.any(st.root[m] != -1))
-    if not built:
+    if not (built or held):
         assert st.meta[m, kernels.META_SEQ] <= engine.config.effective_output_after
     refs = np.zeros(st.offset.shape[1], dtype=np.int64)
     for g in range(groups):
@@ -344,3 +344,22 @@ def test_a_model_checkpointed_before_its_trees_are_built_goes_on_as_it_would_hav
     assert tree_invariants(restored, 1)
     np.testing.assert_array_equal(*zip(*after, strict=True))
     assert max(a for a, _ in after) > 0  # it scored after output_after (16)
+
+
+def test_a_model_not_admitted_stays_in_its_cold_start_sampling_until_it_is() -> None:
+    # admit=False past output_after: no trees, no score, but the samplers go on taking
+    # points; the first admitted call builds the trees from what they hold and scores.
+    cfg = EngineConfig(dims=3, shingle=2, trees=6, sample_size=64, seed=3)  # output_after 16
+    engine = NumbaEngine(cfg)
+    engine.ensure_models(1)
+    ids = np.zeros(1, dtype=np.int64)
+    data = wavy(80, 1, 3, seed=3)
+    held = [engine.update(ids, data[s], admit=False).scores[0] for s in range(60)]
+    assert held == [0.0] * 60
+    assert not tree_invariants(engine, 0, held=True)
+    st = engine._state
+    assert st.meta[0, kernels.META_SEQ] == 59 and st.ssize[0].min() > 16
+    admitted = [engine.update(ids, data[s]).scores[0] for s in range(60, 80)]
+    assert min(admitted) > 0.0
+    assert tree_invariants(engine, 0)
+    cache_invariants(engine, 0)

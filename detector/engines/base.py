@@ -121,6 +121,7 @@ class ForestEngine(ABC):
         points: npt.NDArray[np.float32],
         attribute_above: float | npt.NDArray[np.float64],
         learn: bool,
+        admit: bool = True,
     ) -> ScoreBatch:
         """The one batched pass both :meth:`update` and :meth:`score` make; an engine
         implements this, with ``learn`` saying whether the points are then learned."""
@@ -130,6 +131,7 @@ class ForestEngine(ABC):
         model_ids: npt.NDArray[np.int64],
         points: npt.NDArray[np.float32],
         attribute_above: float | npt.NDArray[np.float64] = 0.0,
+        admit: bool = True,
     ) -> ScoreBatch:
         """Score each point against its model, then learn it. Ids in one call are unique.
 
@@ -138,8 +140,14 @@ class ForestEngine(ABC):
         whose score exceeds it, other rows may be zero. Engines whose attribution costs a
         second pass over the trees (krcf) skip it; engines that get it for free fill every
         row. The default attributes every scored row.
+
+        ``admit`` False holds back models whose cold start would end with this point: an
+        engine that defers its trees until then (numba) keeps them sampling, unscored,
+        until a call admits them, so a caller that is behind can put off their dearest
+        steps (a forest's first thousand points); an engine that grows its trees point
+        by point (krcf) has nothing to hold back and ignores it.
         """
-        return self._run(model_ids, points, attribute_above, learn=True)
+        return self._run(model_ids, points, attribute_above, learn=True, admit=admit)
 
     def score(
         self,

@@ -40,6 +40,7 @@ class NumbaEngine(ForestEngine):
         points: npt.NDArray[np.float32],
         attribute_above: float | npt.NDArray[np.float64],
         learn: bool,
+        admit: bool = True,
     ) -> ScoreBatch:
         cfg = self.config
         ids, pts = check_batch(cfg, model_ids, points)
@@ -55,7 +56,7 @@ class NumbaEngine(ForestEngine):
         attribution = np.zeros((n, cfg.dims), dtype=np.float64)
         direction = np.zeros((n, cfg.dims), dtype=np.int8)
         most = kernels.advance(  # type: ignore[call-arg]  # numba's Dispatcher stub takes no args
-            ids, pts, learn, above, cfg.screen_trees, cfg.screen_below,
+            ids, pts, learn, admit, above, cfg.screen_trees, cfg.screen_below,
             cfg.effective_output_after, cfg.effective_time_decay,
             *self._state.kernel_arrays(), scores, attribution, direction,
         )

@@ -1227,6 +1227,7 @@ def advance(
     ids: np.ndarray,
     points: np.ndarray,
     learn: bool,
+    admit: bool,
     attribute_above: np.ndarray,
     screen: int,
     screen_below: float,
@@ -1256,6 +1257,9 @@ def advance(
     direction: np.ndarray,
 ) -> int:
     """Score each row's shingled point against its model (and learn it if ``learn``).
+
+    A model past ``output_after`` whose trees are not built yet builds them now if
+    ``admit``; otherwise it stays in its cold start (scores 0, samples on) for this call.
 
     ``attribute_above`` is each row's threshold. For rows whose score exceeds it,
     ``attribution[i, f]`` is base feature f's share of the forest's DiVector (averaged over
@@ -1322,10 +1326,13 @@ def advance(
         scoring = full and meta[m, META_SEQ] >= output_after and meta[m, META_SEQ] > 0
         empty = _trees_empty(m, root, groups, per_group)
         if scoring and empty:
-            _build_trees(m, threshold, meta, spid, ssize, root, free_head, cut_dim, cut_val,
-                         left, right, cslot, cbox, cmass, offset, soff, arena, stack, lo, hi,
-                         loi, hii)
-            empty = _trees_empty(m, root, groups, per_group)
+            if admit:
+                _build_trees(m, threshold, meta, spid, ssize, root, free_head, cut_dim,
+                             cut_val, left, right, cslot, cbox, cmass, offset, soff, arena,
+                             stack, lo, hi, loi, hii)
+                empty = _trees_empty(m, root, groups, per_group)
+            else:
+                scoring = False  # held in its cold start: it samples on, unscored
         taking = learn and full and _offer(m, decay, meta, weight, ssize, heavy, accept, wnew)
         # Before it scores, a model only samples; its trees are built when it first must.
         sampling = taking and not scoring and empty
