@@ -205,7 +205,8 @@ OWN_COUNTERS: dict[str, OwnCounters] = {
          "skipped_steps": "fleetpulse_detector_model_steps_skipped_total",
          "behind_s": "fleetpulse_detector_behind_seconds",
          "models": "fleetpulse_detector_models",
-         "models_warming": "fleetpulse_detector_models_warming"}),
+         "models_warming": "fleetpulse_detector_models_warming",
+         "models_held": "fleetpulse_detector_models_held"}),
 }
 """Stages whose committed offsets do not say how far they got: the aggregator commits an
 offset once every window it feeds is closed, the detector once a checkpoint covers it
@@ -838,7 +839,7 @@ def _own_counters(row: dict[str, Any], scraper: CounterScraper, members: list[st
     if any("behind_s" in e for e in extra):
         row["behind_s_max"] = round(max(max(e["behind_s"].v) for e in extra
                                         if "behind_s" in e), 2)
-    for key in ("models", "models_warming"):
+    for key in ("models", "models_warming", "models_held"):
         # At the end: how many GPU forests the run left still in their cold start, the
         # dearest part of a forest's life (a short run measures little else).
         if any(key in e and e[key].v for e in extra):

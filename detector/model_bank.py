@@ -81,6 +81,11 @@ class ModelBank:
         seen = self.thresholds.seen[:n]
         return int(np.count_nonzero(seen < self.thresholds.params.warmup)) + n - len(seen)
 
+    def held(self, n: int) -> int:
+        """Of models ``0..n-1``, those the engine holds in their cold start (not admitted
+        while the detector was behind)."""
+        return self.engine.held(min(n, self.n))
+
     def state_arrays(self, prefix: str) -> dict[str, npt.NDArray[np.generic]]:
         out: dict[str, npt.NDArray[np.generic]] = {}
         out.update(self.thresholds.state_arrays(f"{prefix}.thresholds"))

@@ -128,6 +128,7 @@ class Stats:
         self.checkpoints = 0
         self.models = 0
         self.models_warming = 0
+        self.models_held = 0
         self.open_alerts = 0
         self.alerts: dict[tuple[str, str], int] = {}
         self.incidents: dict[str, int] = {}
@@ -192,6 +193,10 @@ class _StatsCollector:
                                 "GPU forests that cannot alert yet (fewer than model.warmup "
                                 "scored steps); their steps cost the most.",
                                 value=s.models_warming)
+        yield GaugeMetricFamily(p + "models_held",
+                                "GPU forests past their cold start held in it because the "
+                                "detector was behind (admit_within_s): sampling, unscored.",
+                                value=s.models_held)
         yield GaugeMetricFamily(p + "behind_seconds",
                                 "How long the newest record processed had waited in Kafka, "
                                 "worst partition (0 once a partition is read to its end).",
@@ -563,6 +568,7 @@ class DetectorService:
     def _count_models(self) -> None:
         self.stats.models = sum(len(s.gpu_paths) for s in self.shards.values())
         self.stats.models_warming = sum(s.models_warming() for s in self.shards.values())
+        self.stats.models_held = sum(s.models_held() for s in self.shards.values())
 
     # -- lag ---------------------------------------------------------------------------
 

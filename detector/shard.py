@@ -181,12 +181,17 @@ class DetectorShard:
     def models_warming(self) -> int:
         """GPU forests that cannot alert yet: fewer than ``model.warmup`` scored steps (the
         engine's own cold start, ``sample_size / 4`` points, scores nothing, so it counts
-        here too). Such a forest costs the most per step (every point goes into its trees
-        while its samples fill), so a fleet's first quarter hour, and any short load test,
-        runs dearer than a warm one."""
+        here too). Past that cold start a forest costs the most per step (its reservoirs
+        take most points while they fill), so a fleet's first quarter hour, and any load
+        test of a few minutes, runs dearer than a warm one."""
         if not self.config.model.enabled:
             return 0
         return self.gpu_bank.warming(len(self.gpu_paths))
+
+    def models_held(self) -> int:
+        """GPU forests past their cold start held in it because the detector was behind
+        (``DetectorConfig.admit_within_s``): they sample on, unscored."""
+        return self.gpu_bank.held(len(self.gpu_paths)) if self.config.model.enabled else 0
 
     # -- processing -------------------------------------------------------------------
 

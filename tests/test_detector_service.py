@@ -284,12 +284,15 @@ async def test_behind_holds_new_forests_in_their_cold_start_until_caught_up(
     await until(lambda: service.stats.model_steps == 30 * 8)
     assert service.stats.skipped_steps == 0
     assert len(scored()) == 8 and max(scored()) == 0  # past 16 + shingle points, held
+    assert "fleetpulse_detector_models_held 8.0" in generate_latest(
+        service.stats.registry).decode()
     clock.ahead = 0.0
     await _send_frames(transport, topics, now + 1000 * np.arange(30, 40), data[30:40], seq0=6)
     await until(lambda: service.stats.model_steps == 40 * 8)
     stop.set()
     await task
     assert scored() == [10] * 8  # admitted at the first fresh chunk: every step scored
+    assert service.stats.models_held == 0
     await transport.close()
 
 

@@ -359,7 +359,8 @@ def test_a_model_not_admitted_stays_in_its_cold_start_sampling_until_it_is() -> 
     assert not tree_invariants(engine, 0, held=True)
     st = engine._state
     assert st.meta[0, kernels.META_SEQ] == 59 and st.ssize[0].min() > 16
+    assert engine.held(1) == 1
     admitted = [engine.update(ids, data[s]).scores[0] for s in range(60, 80)]
-    assert min(admitted) > 0.0
+    assert min(admitted) > 0.0 and engine.held(1) == 0
     assert tree_invariants(engine, 0)
     cache_invariants(engine, 0)

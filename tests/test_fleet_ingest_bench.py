@@ -61,6 +61,7 @@ def test_ingest_benchmark_reports_every_stage(kafka_bootstrap: str):
     assert 0.5 * 160 < det["model_steps_per_s"] < 1.5 * 160, det
     # Eight seconds old, every GPU's forest is still in its cold start, and the report says so.
     assert det["models_final"] == det["models_warming_final"] == 160, det
+    assert det["models_held_final"] == 0, det  # none past output_after yet, none held
     assert result["metrics_per_s"] == min(r["metrics_per_s"] for r in result["per_stage"].values())
 
 

@@ -170,6 +170,12 @@ class ForestEngine(ABC):
     def model_bytes(self, model_id: int) -> int:
         """Resident memory of one model, in bytes."""
 
+    def held(self, n: int) -> int:
+        """Of models ``0..n-1``, those held in their cold start past ``output_after``
+        (``update(admit=False)``): sampling, unscored, until a call admits them. An engine
+        that cannot hold one back has none."""
+        return 0
+
 
 def check_batch(
     config: EngineConfig, model_ids: npt.NDArray[np.int64], points: npt.NDArray[np.float32]

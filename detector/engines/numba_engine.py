@@ -80,3 +80,11 @@ class NumbaEngine(ForestEngine):
     def model_bytes(self, model_id: int) -> int:
         self._check_id(model_id)
         return self._state.model_bytes()
+
+    def held(self, n: int) -> int:
+        st = self._state
+        n = min(n, st.models)
+        per_group = st.root.shape[1] // st.spid.shape[1]
+        empty = np.all(st.root[:n, ::per_group] == -1, axis=1)
+        due = st.meta[:n, kernels.META_SEQ] >= self.config.effective_output_after
+        return int(np.count_nonzero(empty & due))
