@@ -1,9 +1,9 @@
 """What one GPU forest step costs by the model's age, with the screen and with every tree.
 
 A forest's step is not one price: in its first ``output_after`` points nothing is scored
-and every point goes into every tree; while its reservoirs fill the samplers take most
-points; once warm they take about one in ten and the step is mostly scoring, which is what
-the screen (``model.screen_trees``) cuts. A load test of a minute sees only the first
+and only its samplers learn (the trees are cut from their sample at the first score); while
+its reservoirs fill the samplers take most points; once warm they take about one in ten and
+the step is mostly scoring, which is what the screen (``model.screen_trees``) cuts. A load test of a minute sees only the first
 phase, a fleet that has run for hours only the last, so this reports each.
 
 The stream (seeded): ``--models`` GPUs, each a fixed random point of the detector's
