@@ -664,7 +664,8 @@ def _offer(m: int, decay: float, meta: np.ndarray, weight: np.ndarray, ssize: np
 
 @njit(cache=True, error_model="numpy")
 def _take(
-    q: np.ndarray, shift: int, m: int, accept: np.ndarray, wnew: np.ndarray, dup: np.ndarray,
+    q: np.ndarray, shift: int, m: int, trees: bool, accept: np.ndarray, wnew: np.ndarray,
+    dup: np.ndarray,
     pend_level: np.ndarray, pend_dim: np.ndarray, pend_val: np.ndarray,
     pend_inside: np.ndarray, threshold: int, meta: np.ndarray, weight: np.ndarray,
     spid: np.ndarray, ssize: np.ndarray, heavy: np.ndarray, root: np.ndarray,
@@ -674,8 +675,10 @@ def _take(
     path: np.ndarray, stack: np.ndarray, lo: np.ndarray, hi: np.ndarray, loi: np.ndarray,
     hii: np.ndarray, ybuf: np.ndarray,
 ) -> None:
-    """Put ``q`` into every sampler that accepted it (``_offer``) and into their trees at
-    the cuts the walk drew, then take out the points it evicted.
+    """Put ``q`` into every sampler that accepted it (``_offer``) and, with ``trees``,
+    into their trees at the cuts the walk drew, then take out the points it evicted.
+    Without ``trees`` (a model that has not built them yet, see ``_build_trees``) only the
+    samplers and the point store change.
 
     Insertion comes before deletion because the cuts were drawn on the trees as they
     were; in distribution that is the same as AWS's delete-then-insert (each keeps a tree
@@ -707,7 +710,7 @@ def _take(
                 weight[m, g, slot] = wnew[g]
                 heavy[m, g] = _heaviest(weight[m, g], size)
                 continue
-            for s in range(size):
+            for s in range(size if trees else 0):
                 if s != slot and spid[m, g, s] == old_pid:
                     replacement = s
                     break
@@ -730,17 +733,17 @@ def _take(
         weight[m, g, slot] = wnew[g]
         heavy[m, g] = _heaviest(weight[m, g], ssize[m, g])
         refcnt[m, pid] += 1
-        if dup[g] < 0:
+        if trees and dup[g] < 0:
             _splice_cuts(q, slot, m, g, t0, t1, pend_level, pend_dim, pend_val, pend_inside,
                          root, free_head, cut_dim, cut_val, left, right, cslot, cbox, cmass,
                          soff, arena, path)
         if old_pid >= 0:
-            if replacement < 0:
+            if trees and replacement < 0:
                 _delete_from_trees(ybuf, slot, -1, m, g, t0, t1, threshold, root, free_head,
                                    cut_dim, cut_val, left, right, cslot, cbox, cmass, soff,
                                    arena, path, stack, lo, hi, loi, hii)
             _release_point(old_pid, m, offset, refcnt, meta)
-        if dup[g] < 0:
+        if trees and dup[g] < 0:
             _grow_caches(q, m, g, t0, t1, threshold, root, cut_dim, cut_val, left, right,
                          cslot, cbox, cmass, soff, arena, stack, lo, hi, loi, hii)
 
@@ -771,43 +774,6 @@ def _sampled_twin(q: np.ndarray, m: int, g: int, spid: np.ndarray, ssize: np.nda
         if same:
             return spid[m, g, s]
     return -1
-
-
-@njit(cache=True, error_model="numpy")
-def _sample_only(q: np.ndarray, shift: int, m: int, accept: np.ndarray, wnew: np.ndarray,
-                 dup: np.ndarray, meta: np.ndarray, weight: np.ndarray, spid: np.ndarray,
-                 ssize: np.ndarray, heavy: np.ndarray, arena: np.ndarray,
-                 offset: np.ndarray, soff: np.ndarray, refcnt: np.ndarray) -> None:
-    """``_take`` for a model whose trees are not built yet: the samplers and the point
-    store change as they would, the trees are left for ``_build_trees``."""
-    new_pid = -1
-    for g in range(weight.shape[1]):
-        if accept[g] == 0:
-            continue
-        size = ssize[m, g]
-        old_pid = -1
-        if accept[g] == 1:
-            slot = size
-            ssize[m, g] = size + 1
-        else:
-            slot = heavy[m, g]
-            old_pid = spid[m, g, slot]
-            if dup[g] == old_pid:
-                weight[m, g, slot] = wnew[g]
-                heavy[m, g] = _heaviest(weight[m, g], size)
-                continue
-        pid = dup[g]
-        if pid < 0:
-            if new_pid < 0:
-                new_pid = _store_point(q, shift, m, arena, offset, refcnt, meta, spid, soff)
-            pid = new_pid
-        spid[m, g, slot] = pid
-        soff[m, g, slot] = offset[m, pid]
-        weight[m, g, slot] = wnew[g]
-        heavy[m, g] = _heaviest(weight[m, g], ssize[m, g])
-        refcnt[m, pid] += 1
-        if old_pid >= 0:
-            _release_point(old_pid, m, offset, refcnt, meta)
 
 
 @njit(cache=True, error_model="numpy")
@@ -1387,14 +1353,11 @@ def advance(
             for d in range(dim):
                 shingle_buf[m, d] = q[d]
             meta[m, META_STEPS] = steps + 1
-            if sampling:
-                _sample_only(q, dims, m, accept, wnew, dup, meta, weight, spid, ssize, heavy,
-                             arena, offset, soff, refcnt)
-            elif taking:
-                _take(q, dims, m, accept, wnew, dup, pend_level, pend_dim, pend_val,
-                      pend_inside, threshold, meta, weight, spid, ssize, heavy, root,
-                      free_head, cut_dim, cut_val, left, right, cslot, cbox, cmass, arena,
-                      offset, soff, refcnt, path, stack, lo, hi, loi, hii, ybuf)
+            if taking:
+                _take(q, dims, m, not sampling, accept, wnew, dup, pend_level, pend_dim,
+                      pend_val, pend_inside, threshold, meta, weight, spid, ssize, heavy,
+                      root, free_head, cut_dim, cut_val, left, right, cslot, cbox, cmass,
+                      arena, offset, soff, refcnt, path, stack, lo, hi, loi, hii, ybuf)
             if full:
                 meta[m, META_SEQ] += 1
             most = max(most, meta[m, META_NPOINTS])
