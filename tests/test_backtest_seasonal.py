@@ -94,8 +94,11 @@ def test_a_seasonal_series_without_anomalies_raises_no_episode(seed: int) -> Non
 
 
 def test_without_seasonal_handling_the_maintenance_window_pages() -> None:
-    """The same series through the raw-value path (what backtest did before)."""
-    assert len(onsets("none", 5, seasons=[])) >= 1
+    """The same series through the raw-value path (what backtest did before) pages where the
+    seasonal path is quiet. How often one series does varies with the forest's random
+    stream (0-4 episodes over seeds 5-14, 7 to 9 of the 10 paging with the forests of
+    81fe6be and 5ec9038), so the three series of the test above count together."""
+    assert sum(len(onsets("none", seed, seasons=[])) for seed in (5, 6, 7)) >= 1
 
 
 @pytest.mark.parametrize("kind", ["spike", "shift", "drift", "break"])
