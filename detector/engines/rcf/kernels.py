@@ -710,19 +710,21 @@ def _take(
                 weight[m, g, slot] = wnew[g]
                 heavy[m, g] = _heaviest(weight[m, g], size)
                 continue
-            for s in range(size if trees else 0):
-                if s != slot and spid[m, g, s] == old_pid:
-                    replacement = s
-                    break
-            old_off = offset[m, old_pid]
-            for d in range(dim):
-                ybuf[d] = arena[m, old_off + d]
-            if replacement >= 0:
-                # Another slot holds the evicted point: its leaf is only renamed, which
-                # leaves the trees' shapes (and so the drawn cuts) as they were.
-                _delete_from_trees(ybuf, slot, replacement, m, g, t0, t1, threshold, root,
-                                   free_head, cut_dim, cut_val, left, right, cslot, cbox,
-                                   cmass, soff, arena, path, stack, lo, hi, loi, hii)
+            if trees:
+                for s in range(size):
+                    if s != slot and spid[m, g, s] == old_pid:
+                        replacement = s
+                        break
+                old_off = offset[m, old_pid]
+                for d in range(dim):
+                    ybuf[d] = arena[m, old_off + d]
+                if replacement >= 0:
+                    # Another slot holds the evicted point: its leaf is only renamed, which
+                    # leaves the trees' shapes (and so the drawn cuts) as they were.
+                    _delete_from_trees(ybuf, slot, replacement, m, g, t0, t1, threshold,
+                                       root, free_head, cut_dim, cut_val, left, right, cslot,
+                                       cbox, cmass, soff, arena, path, stack, lo, hi, loi,
+                                       hii)
         pid = dup[g]
         if pid < 0:
             if new_pid < 0:
@@ -1296,7 +1298,6 @@ def advance(
                 _build_trees(m, threshold, meta, spid, ssize, root, free_head, cut_dim,
                              cut_val, left, right, cslot, cbox, cmass, offset, soff, arena,
                              stack, lo, hi, loi, hii)
-                empty = _trees_empty(m, root, groups, per_group)
             else:
                 scoring = False  # held in its cold start: it samples on, unscored
         taking = learn and full and _offer(m, decay, meta, weight, ssize, heavy, accept, wnew)
