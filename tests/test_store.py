@@ -413,3 +413,30 @@ def test_open_chunks_hold_only_what_is_in_them_and_coarse_tiers_seal_sooner(
         assert group.n == 30 - 24 and group.values.shape[0] <= 24  # one day sealed
         got = store.read("1h", ids[:2], 0, 30 * H)
         assert np.array_equal(got.series(1)[1], np.arange(30.0))
+
+
+def test_groups_arriving_between_reads_are_looked_up_as_if_registered_at_once() -> None:
+    """The registry merges groups that arrive between reads into its sorted table instead of
+    sorting everything again; a lookup must answer exactly what one registry that saw every
+    group before its first lookup answers (a series in several groups: oldest group first)."""
+    from aggregator.store.index import GroupRegistry
+
+    rng = np.random.default_rng(5)
+    groups = [np.unique(rng.integers(0, 300, int(rng.integers(1, 40)))) for _ in range(60)]
+    rng.shuffle(groups)  # series ids in no group order
+    wanted = np.unique(rng.integers(0, 320, 200))
+    growing = GroupRegistry()
+    for i, ids in enumerate(groups):
+        assert growing.gid(ids) == i
+        if i % 7 == 3:
+            growing.lookup(wanted)  # a read between arrivals
+    at_once = GroupRegistry()
+    for ids in groups:
+        at_once.gid(ids)
+    for got, want in zip(growing.lookup(wanted), at_once.lookup(wanted), strict=True):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(growing.all_series(), np.unique(np.concatenate(groups)))
+    w, gid, col = growing.lookup(wanted)
+    for i, g, c in zip(w.tolist(), gid.tolist(), col.tolist(), strict=True):
+        assert groups[g][c] == wanted[i]
+    assert growing.gid(groups[10]) == 10  # the same series set is the same group

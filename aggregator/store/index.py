@@ -25,12 +25,24 @@ I64 = npt.NDArray[np.int64]
 
 
 class GroupRegistry:
-    """Group numbers for the distinct ``series_ids`` arrays of one tier."""
+    """Group numbers for the distinct ``series_ids`` arrays of one tier.
+
+    Reads look series up in one table of every group's series, sorted by series id. Groups
+    keep arriving while an aggregator runs (a window whose series set is new), often between
+    two reads, so the table is not rebuilt from every group then: the new groups' entries are
+    sorted alone and merged in (a copy of the table, where sorting all of it again cost a
+    rack-level aggregator of 31,000 GPUs about a sixth of its store thread). The result is
+    the same table: entries of one series stay in group order, as a stable sort of every
+    group in turn leaves them.
+    """
 
     def __init__(self) -> None:
         self._by_key: dict[bytes, int] = {}
         self.ids: list[I64] = []
-        self._table: tuple[I64, I64, I64] | None = None
+        empty = np.zeros(0, np.int64)
+        self._table: tuple[I64, I64, I64] = (empty, empty, empty)
+        self._merged = 0
+        """Groups ``_table`` holds: the first ``_merged`` of ``ids``."""
 
     def gid(self, ids: I64) -> int:
         """The group number of ``ids`` (registered on first sight)."""
@@ -40,22 +52,25 @@ class GroupRegistry:
             g = len(self.ids)
             self._by_key[key] = g
             self.ids.append(np.array(ids, dtype=np.int64))
-            self._table = None
         return g
 
     def _sorted_table(self) -> tuple[I64, I64, I64]:
-        if self._table is None:
-            if self.ids:
-                sid = np.concatenate(self.ids)
-                sizes = np.fromiter((a.size for a in self.ids), np.int64, len(self.ids))
-                gid = np.repeat(np.arange(len(self.ids), dtype=np.int64), sizes)
-                col = np.arange(sid.size, dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes,
-                                                                      sizes)
-                order = np.argsort(sid, kind="stable")
-                self._table = (sid[order], gid[order], col[order])
-            else:
-                empty = np.zeros(0, np.int64)
-                self._table = (empty, empty, empty)
+        """(series id, group, column) of every group's series, by series id, then group."""
+        if self._merged < len(self.ids):
+            new = self.ids[self._merged:]
+            sid = np.concatenate(new)
+            sizes = np.fromiter((a.size for a in new), np.int64, len(new))
+            gid = np.repeat(np.arange(self._merged, len(self.ids), dtype=np.int64), sizes)
+            col = np.arange(sid.size, dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes,
+                                                                  sizes)
+            order = np.argsort(sid, kind="stable")
+            sid, gid, col = sid[order], gid[order], col[order]
+            old_sid, old_gid, old_col = self._table
+            # After the entries of the same series already there: theirs are older groups.
+            at = np.searchsorted(old_sid, sid, side="right")
+            self._table = (np.insert(old_sid, at, sid), np.insert(old_gid, at, gid),
+                           np.insert(old_col, at, col))
+            self._merged = len(self.ids)
         return self._table
 
     def lookup(self, wanted: I64) -> tuple[I64, I64, I64]:
@@ -69,7 +84,8 @@ class GroupRegistry:
         return w, gid[pos], col[pos]
 
     def all_series(self) -> I64:
-        return np.unique(self._sorted_table()[0])
+        sid = self._sorted_table()[0]
+        return sid[np.r_[True, sid[1:] != sid[:-1]]] if sid.size else sid
 
 
 @dataclass(slots=True)
