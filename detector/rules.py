@@ -23,15 +23,15 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              GPU's own thermal model (``detector.thermal_model``) says the die
                              must have moved, judged with every lag its history cannot rule
                              out (a cold plate the model cannot yet tell from a heat sink
-                             keeps the slow lag in play): for ``stuck_after_s`` while each
-                             such lag swung by ``stuck_predicted_c`` (and 4 times the model's
-                             error before the freeze) or more, and still for ``stuck_after_s``
-                             after they had (a die of minutes lags a job's start), and most of
+                             keeps the slow lag in play): while each such lag swung by
+                             ``stuck_predicted_c`` (and 4 times the model's error before the
+                             freeze) or more, for ``stuck_after_s`` of evidence after they
+                             had (a die of minutes lags a job's start), and most of
                              the node's other GPUs changed their readings (the swings
                              accuse only while the prediction is no nearer the held
                              reading than when it froze: a model coming back onto it is
                              learning a power it never saw); or for
-                             ``stuck_after_s`` in all
+                             ``stuck_after_s`` of evidence in all
                              while every such lag stood that far off the held reading on one
                              side (having agreed with it when it froze) and the node's peers
                              did not; or for twice ``stuck_after_s`` and 10 times longer than
@@ -115,6 +115,10 @@ gpu_lost           critical  the GPU stopped reporting: every metric NaN, or no 
 =================  ========  ========================================================================
 
 Every window is in seconds of event time, so a rule means the same at 0.2 Hz and at 10 Hz.
+Where a hold is gathered as evidence (``clock_deficit``, both ``thermal_excess`` paths that
+gather, the thermal-model paths of ``temperature_stuck``), a step counts for more the further
+past its bar the GPU stands: twice the bar counts its time, four times or more counts four
+times (``_evidence_rate``), so the plainest faults page in a quarter of the hold.
 
 All of it is vector operations over the GPUs of a step; the state is a few arrays per rule.
 """
@@ -318,13 +322,23 @@ def _gather(before: npt.NDArray[np.float64], on: npt.NDArray[np.bool_],
     return np.where(on, np.where(before > 0, before + gain_s, 1e-9), faded)
 
 
+def _evidence_rate(excess: npt.NDArray[np.float64], bar: npt.NDArray[np.float64] | float
+                   ) -> npt.NDArray[np.float64]:
+    """Seconds of evidence a second of a condition adds, by how far past its bar it stands:
+    twice the bar counts its time, more counts proportionally more, four times at most, so
+    no rule waits less than a quarter of its hold. A die 30 degC over its model or a clock
+    at half its peers' is no borderline case, and a rule's hold is there for those."""
+    ratio = np.abs(excess) / (2.0 * np.asarray(bar, dtype=np.float64))
+    return np.clip(np.nan_to_num(ratio, nan=1.0, posinf=4.0), 1.0, 4.0)
+
+
 class RuleBook:
     """Rule state for models 0..n-1: consecutive-true runs, last time true, open episodes."""
 
     ARRAYS = ("run", "last_true_ms", "open", "started_ms", "value", "last_seen_ms",
               "stuck_temp", "stuck_since_ms", "stuck_p0", "stuck_off_s", "stuck_kplaus",
               "stuck_kmin", "stuck_kmax", "stuck_err",
-              "stuck_swung_ms", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
+              "stuck_swung_s", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
               "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
               "stuck_flips", "stuck_like0", "stuck_w0",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
@@ -353,7 +367,8 @@ class RuleBook:
         self.stuck_p0 = np.zeros(0)
         """The thermal model's prediction when the reading last changed."""
         self.stuck_off_s = np.zeros(0)
-        """Seconds of the current freeze during which the models put the reading ``bar`` off."""
+        """Seconds of evidence (``_evidence_rate``) in the current freeze that the models put
+        the reading ``bar`` off."""
         self.stuck_kplaus = np.zeros((0, len(TAUS_S)), dtype=bool)
         """The lags plausible when the reading last changed ..."""
         self.stuck_kmin = np.zeros((0, len(TAUS_S)))
@@ -362,9 +377,9 @@ class RuleBook:
         self.stuck_err = np.zeros(0)
         """The thermal model's error when the reading last changed: a frozen reading teaches
         the model to err, so the bar is the error it had before."""
-        self.stuck_swung_ms = np.zeros(0, dtype=np.int64)
-        """Since when, in the current freeze, every plausible lag has swung past the bar (0:
-        not yet)."""
+        self.stuck_swung_s = np.zeros(0)
+        """Seconds of evidence (``_evidence_rate``) that every plausible lag has swung past
+        the bar in the current freeze, in a row (0: not now)."""
         self.stuck_base_ms = np.zeros(0, dtype=np.int64)
         """When the reading last changed with node peers to compare (0: not known) ..."""
         self.stuck_peer0 = np.zeros(0)
@@ -554,10 +569,12 @@ class RuleBook:
         # that idled into a power band the model had never seen), and the reading is right.
         receding = np.isfinite(pred) & np.isfinite(p0) & (
             np.abs(pred - temp) >= np.abs(p0 - temp) - 0.5 * bar)
-        swung_ms = held_since(self.stuck_swung_ms[ids], past, ts_ms)
-        self.stuck_swung_ms[ids] = swung_ms
-        swung = (frozen_long & alone & past & receding
-                 & (ts_ms - swung_ms >= p.stuck_after_s * 1000))
+        # The time counts faster the wider the swing (``_evidence_rate``): a die that a lag
+        # of minutes puts 16 degC off has moved a whole degree in a quarter of that lag.
+        swung_s = _gather(self.stuck_swung_s[ids], past, ~past,
+                          _evidence_rate(swing, bar) * dt_s, dt_s, p.stuck_after_s)
+        self.stuck_swung_s[ids] = swung_s
+        swung = held & alone & past & receding & (swung_s >= p.stuck_after_s)
         # Or every plausible lag now puts the die ``bar`` degrees or more off the held
         # reading on one side (``off``: how far the nearest is), where the chosen lag agreed
         # with the reading when it froze (a model that was off before says nothing now),
@@ -577,7 +594,8 @@ class RuleBook:
         rel = np.where(np.isfinite(peers_off), off - peers_off, off)
         away = ok & agreed & ~models_swing & (np.abs(off) >= bar) & (np.abs(rel) >= bar) & (
             np.sign(rel) == np.sign(off))
-        off_s = np.where(held, self.stuck_off_s[ids] + np.where(away, dt_s, 0.0), 0.0)
+        off_s = np.where(held, self.stuck_off_s[ids] + np.where(
+            away, _evidence_rate(off, bar) * dt_s, 0.0), 0.0)
         self.stuck_off_s[ids] = off_s
         stayed = held & (off_s >= p.stuck_after_s)
         # Or unlike itself: the lags expect the reading to wander by more than a whole-degree
@@ -738,7 +756,8 @@ class RuleBook:
                                                axis=1), np.nan)
         cleared = finite & (~(then >= 0.5 * bar) | ~beside)
         before = self.excess_evidence_s[ids]
-        evidence = _gather(before, hot, cleared, dt_s, dt_s, p.excess_after_s)
+        evidence = _gather(before, hot, cleared, _evidence_rate(excess, bar) * dt_s, dt_s,
+                           p.excess_after_s)
         self.excess_evidence_s[ids] = evidence
         cond[:, 6] = hot & (evidence >= p.excess_after_s)
         val[:, 6] = np.where(finite, excess, 0.0)
@@ -790,7 +809,7 @@ class RuleBook:
         # ``deficit_after_s`` instead of starting over, so a braked clock under a bursty job
         # still adds up.
         # The first step of a deficit counts no time yet (a tiny mark says it began).
-        rate = np.clip(deficit / (2.0 * p.deficit_ratio), 1.0, 4.0)
+        rate = _evidence_rate(deficit, p.deficit_ratio)
         clear = known & ((reasons != 0) | ((util >= 0.3) & (deficit < p.deficit_ratio)))
         before = self.deficit_evidence_s[ids]
         evidence = _gather(before, low, clear, rate * dt_s, dt_s, p.deficit_after_s)
@@ -892,7 +911,8 @@ class RuleBook:
         held_long = before >= p.excess_after_s
         hot = judged & (above >= np.where(held_long, 0.5 * bar, bar))
         cleared = judged & (above < 0.5 * bar)
-        evidence = _gather(before, hot, cleared, dt_s, dt_s, p.excess_after_s)
+        evidence = _gather(before, hot, cleared, _evidence_rate(above, bar) * dt_s, dt_s,
+                           p.excess_after_s)
         self.rest_evidence_s[ids] = evidence
         # Learn the place from readings that look like one: near what was learned, or
         # (before anything is) within the learned bar of the median, so a hot die is not

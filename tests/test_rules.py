@@ -138,6 +138,25 @@ def test_thermal_excess_fires_on_a_gpu_hotter_than_its_own_model_not_on_a_node_w
     assert 1750 <= excess[0][3] <= 1840, excess
 
 
+def test_thermal_excess_pages_a_die_far_over_its_model_sooner_than_one_just_over() -> None:
+    # The hold is evidence that counts faster the further past the bar the die stands
+    # (``rules._evidence_rate``): a die 40 degC over its model (five times the 8 degC bar)
+    # is no borderline case and pages in well under the minute a die 10 degC over takes.
+    shard, ids, nodes = _shard()
+    data = healthy(2000, 8, seed=4)
+    temp = COL["temperature_celsius"]
+    data[1700:, 2, temp] += 40.0  # node 0: abruptly, a heat path gone
+    data[1700:, 5, temp] += 10.0  # node 1: just over the bar
+    got = _rule_alerts(shard.process(ids, nodes, timestamps(2000), data))
+    first = {}
+    for state, source, gpu, at in got:
+        if source == "rule:thermal_excess" and state == "firing":
+            first.setdefault(gpu, at)
+    assert set(first) == {"node-0/gpu-2", "node-1/gpu-1"}, got
+    assert first["node-0/gpu-2"] - 1700 <= 35, first
+    assert first["node-1/gpu-1"] - 1700 >= 55, first
+
+
 def test_thermal_excess_does_not_accuse_a_gpu_whose_node_peers_run_cooler_than_their_models(
 ) -> None:
     # The thermal-model path alone: the path that needs no model compares readings at one
