@@ -3,8 +3,9 @@
 A forest's step is not one price: in its first ``output_after`` points nothing is scored
 and only its samplers learn (the trees are cut from their sample at the first score); while
 its reservoirs fill the samplers take most points; once warm they take about one in ten and
-the step is mostly scoring, which is what the screen (``model.screen_trees``) cuts. A load test of a minute sees only the first
-phase, a fleet that has run for hours only the last, so this reports each.
+the step is mostly scoring, which is what the screen (``model.screen_trees``) cuts. A load
+test of a minute sees only the first phase, a fleet that has run for hours only the last, so
+this reports each.
 
 The stream (seeded): ``--models`` GPUs, each a fixed random point of the detector's
 feature width plus Gaussian noise (sd 0.3) every step; the detector's forest parameters
