@@ -223,7 +223,7 @@ class RulesConfig:
     """A busy GPU this far below its peers' (or its own best) SM clock with no reason bit ..."""
     deficit_after_s: float = 60.0
     """... this long is a straggler."""
-    burst_count: float = 20.0
+    burst_count: float = 10.0
     """ECC / link errors within about ``burst_window_s`` that make a burst ..."""
     burst_window_s: float = 60.0
     """... the exponential memory of that count, seconds."""

@@ -62,9 +62,12 @@ __all__ = [
     "THROTTLE_SW_THERMAL",
     "FeatureState",
     "RuleContext",
+    "evidence_rate",
     "gather",
+    "gather_evidence",
     "group_median",
     "group_quantile",
+    "held_since",
     "node_median",
     "same_load_median",
 ]
@@ -293,6 +296,30 @@ def held_since(since_ms: npt.NDArray[np.int64], cond: npt.NDArray[np.bool_],
     old start where it goes on, 0 where it does not hold (0 is never a real start). The
     rules' "held for N seconds" clocks are this one step."""
     return np.where(cond, np.where(since_ms > 0, since_ms, now_ms), 0)
+
+
+def gather_evidence(before: npt.NDArray[np.float64], on: npt.NDArray[np.bool_],
+                    clear: npt.NDArray[np.bool_], gain_s: npt.NDArray[np.float64],
+                    dt_s: npt.NDArray[np.float64] | float, fade_s: float
+                    ) -> npt.NDArray[np.float64]:
+    """Evidence in seconds after one step: a step ``on`` adds ``gain_s`` (the first counts no
+    time yet: a tiny mark says it began), one that clears starts it over, and any other is
+    no evidence either way, what was gathered fading over ``fade_s``."""
+    faded = np.where(clear, 0.0, before * np.exp(-dt_s / fade_s))
+    return np.where(on, np.where(before > 0, before + gain_s, 1e-9), faded)
+
+
+def evidence_rate(excess: npt.NDArray[np.float64], bar: npt.NDArray[np.float64] | float
+                  ) -> npt.NDArray[np.float64]:
+    """Seconds of evidence a second of a condition adds, by how far past its bar it stands:
+    the bar counts its time, more counts proportionally more, four times at most, so no rule
+    waits less than a quarter of its hold. A die 30 degC over its model or a clock at half
+    its peers' is no borderline case, and a rule's hold is there for those. Each bar already
+    stands past what healthy GPUs reach (the heat bars at twice the widest healthy spread),
+    so a GPU half as far again past it is that much plainer: counted from twice the bar
+    (76cb2ab), a clock at 74 % of its peers' waited the whole minute (tuning draw zoo-2)."""
+    ratio = np.abs(excess) / np.asarray(bar, dtype=np.float64)
+    return np.clip(np.nan_to_num(ratio, nan=1.0, posinf=4.0), 1.0, 4.0)
 
 
 def node_median(values: npt.NDArray[np.float64], inv: npt.NDArray[np.intp]

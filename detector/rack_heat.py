@@ -7,7 +7,10 @@ own thermal model predicts for its power. So per rack and closed window of
 ``detector.rack_windows``, the rule reads the rack's heat: the lower quartile of the
 residuals, degC, of the GPUs whose model judges them (that is, has learned the power they
 run at), so three quarters of them run that much hotter than their models. It opens once
-that has stayed at ``excess_c`` or more for ``after_s``. A workload cannot produce it: a
+that has stayed at ``excess_c`` or more for ``after_s``, gathered as the per-GPU rules
+gather their holds (``features.evidence_rate``): a window at the bar counts its ten
+seconds, one at twice the bar twenty, four times or more forty, so a rack whose inlet lost
+20 degC of cooling pages in a quarter of the time a borderline one needs. A workload cannot produce it: a
 job that starts or ends moves power, which the models account for, and where the models of
 a node or a job share a mistake (a lag they have wrong under one rhythm, zoo-1292), the
 other GPUs of the rack hold the quartile down.
@@ -52,7 +55,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from detector.features import held_since
+from detector.features import evidence_rate, gather_evidence
 
 __all__ = ["RackHeat"]
 
@@ -77,16 +80,16 @@ RESOLVE_SHARE = 0.25
 
 
 class RackHeat:
-    """Per-rack hot timer, open flag, and what the recovery needs: peak, last heat, how many
+    """Per-rack hot evidence, open flag, and what the recovery needs: peak, last heat, how many
     windows in a row it fell, and the floor a re-heat is measured from."""
 
-    ARRAYS = ("hot_since_ms", "open", "peak_c", "last_c", "falling", "floor_c", "base_c",
+    ARRAYS = ("hot_s", "open", "peak_c", "last_c", "falling", "floor_c", "base_c",
               "learned_s")
 
     def __init__(self, excess_c: float, after_s: float, window_s: float, baseline_s: float
                  ) -> None:
         self.excess_c = excess_c
-        self.after_ms = int(after_s * 1000)
+        self.after_s = after_s
         self.learn = min(1.0, window_s / baseline_s)
         """Weight of one window in the baseline."""
         self.window_s = window_s
@@ -94,7 +97,8 @@ class RackHeat:
         """The rack's baseline heat (its models' lag on the daily drift)."""
         self.learned_s = np.zeros(0, dtype=np.float64)
         """Seconds of windows seen near the baseline (counted up to ``LEARNED_S``)."""
-        self.hot_since_ms = np.zeros(0, dtype=np.int64)
+        self.hot_s = np.zeros(0, dtype=np.float64)
+        """Seconds of evidence that the rack runs hot (``features.gather_evidence``)."""
         self.open = np.zeros(0, dtype=bool)
         self.peak_c = np.zeros(0, dtype=np.float64)
         self.last_c = np.zeros(0, dtype=np.float64)
@@ -109,7 +113,7 @@ class RackHeat:
                 setattr(self, k, np.concatenate([arr, np.zeros(extra, dtype=arr.dtype)]))
 
     def step(self, racks: npt.NDArray[np.int64], heat_c: npt.NDArray[np.float64],
-             judged: npt.NDArray[np.float64], end_ms: npt.NDArray[np.int64]
+             judged: npt.NDArray[np.float64]
              ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Advance closed windows (one per rack): the rack's heat (``Closed.heat_c``) and the
         share of GPU-steps judged; returns (rows opened, rows resolved). The heat is judged
@@ -129,7 +133,7 @@ class RackHeat:
         # change since reverted that left a third of that rack judged as it recovered.)
         full = judged >= JUDGED_SHARE
         counts = full | ((judged >= RESOLVE_SHARE) & self.open[racks])
-        racks, end_ms, full = racks[counts], end_ms[counts], full[counts]
+        racks, full = racks[counts], full[counts]
         base = self.base_c[racks]
         x = heat_c[counts] - base
         rows = np.flatnonzero(counts)
@@ -138,17 +142,20 @@ class RackHeat:
         floor = np.where(cool, 0.0, np.minimum(self.floor_c[racks], np.maximum(x, 0.0)))
         learned = self.learned_s[racks] >= LEARNED_S
         hot = full & learned & (x >= self.excess_c) & (x >= floor + self.excess_c)
-        since = held_since(self.hot_since_ms[racks], hot, end_ms)
+        # A window that is not hot starts the evidence over (a rack's heat is a quartile of
+        # many GPUs, steady enough that a dip is a real one).
+        hot_s = gather_evidence(self.hot_s[racks], hot, ~hot,
+                                evidence_rate(x - floor, self.excess_c) * self.window_s,
+                                self.window_s, self.after_s)
         was = self.open[racks]
         falling = np.where(x < self.last_c[racks], self.falling[racks] + 1, 0)
         peak = np.where(was, np.maximum(self.peak_c[racks], x), x)
         decayed = (falling >= FALLING_WINDOWS) & (x <= 0.5 * peak)
-        opens = ~was & hot & (end_ms - since >= self.after_ms)
+        opens = ~was & hot & (hot_s >= self.after_s)
         resolves = was & (cool | decayed)
         recovered = resolves & ~cool
         floor = np.where(recovered, np.maximum(x, 0.0), np.where(opens, 0.0, floor))
-        since = np.where(recovered, 0, since)
-        self.hot_since_ms[racks] = since
+        self.hot_s[racks] = np.where(recovered, 0.0, hot_s)
         self.open[racks] = (was & ~resolves) | opens
         self.peak_c[racks] = peak
         self.last_c[racks] = x

@@ -117,8 +117,9 @@ gpu_lost           critical  the GPU stopped reporting: every metric NaN, or no 
 Every window is in seconds of event time, so a rule means the same at 0.2 Hz and at 10 Hz.
 Where a hold is gathered as evidence (``clock_deficit``, both ``thermal_excess`` paths that
 gather, the thermal-model paths of ``temperature_stuck``), a step counts for more the further
-past its bar the GPU stands: twice the bar counts its time, four times or more counts four
-times (``_evidence_rate``), so the plainest faults page in a quarter of the hold.
+past its bar the GPU stands: at the bar a second counts a second, twice the bar twice, four
+times or more four times (``features.evidence_rate``), so the plainest faults page in a quarter of the
+hold.
 
 All of it is vector operations over the GPUs of a step; the state is a few arrays per rule.
 """
@@ -138,6 +139,8 @@ from detector.features import (
     LOAD_UTIL,
     THROTTLE_SW_THERMAL,
     RuleContext,
+    evidence_rate,
+    gather_evidence,
     held_since,
     node_median,
     same_load_median,
@@ -211,7 +214,7 @@ class RuleParams:
     stuck_history_s: float = 1800.0
     """Seconds learned at a power before the sensor's own run lengths at that power are
     trusted (an idle die can hold a reading for many minutes, a busy one rarely)."""
-    burst_count: float = 20.0
+    burst_count: float = 10.0
     """Errors (exponentially weighted over ``burst_window_s``) that make a burst ..."""
     burst_window_s: float = 60.0
     """... the memory of that count (a lone error is routine)."""
@@ -312,26 +315,6 @@ def _learn_place(offset: npt.NDArray[np.float64], seen_s: npt.NDArray[np.float64
     return np.where(learn, moved, offset), np.where(learn, seen_s + dt_s, seen_s)
 
 
-def _gather(before: npt.NDArray[np.float64], on: npt.NDArray[np.bool_],
-            clear: npt.NDArray[np.bool_], gain_s: npt.NDArray[np.float64],
-            dt_s: npt.NDArray[np.float64], fade_s: float) -> npt.NDArray[np.float64]:
-    """Evidence in seconds after one step: a step ``on`` adds ``gain_s`` (the first counts no
-    time yet: a tiny mark says it began), one that clears starts it over, and any other is
-    no evidence either way, what was gathered fading over ``fade_s``."""
-    faded = np.where(clear, 0.0, before * np.exp(-dt_s / fade_s))
-    return np.where(on, np.where(before > 0, before + gain_s, 1e-9), faded)
-
-
-def _evidence_rate(excess: npt.NDArray[np.float64], bar: npt.NDArray[np.float64] | float
-                   ) -> npt.NDArray[np.float64]:
-    """Seconds of evidence a second of a condition adds, by how far past its bar it stands:
-    twice the bar counts its time, more counts proportionally more, four times at most, so
-    no rule waits less than a quarter of its hold. A die 30 degC over its model or a clock
-    at half its peers' is no borderline case, and a rule's hold is there for those."""
-    ratio = np.abs(excess) / (2.0 * np.asarray(bar, dtype=np.float64))
-    return np.clip(np.nan_to_num(ratio, nan=1.0, posinf=4.0), 1.0, 4.0)
-
-
 class RuleBook:
     """Rule state for models 0..n-1: consecutive-true runs, last time true, open episodes."""
 
@@ -367,7 +350,7 @@ class RuleBook:
         self.stuck_p0 = np.zeros(0)
         """The thermal model's prediction when the reading last changed."""
         self.stuck_off_s = np.zeros(0)
-        """Seconds of evidence (``_evidence_rate``) in the current freeze that the models put
+        """Seconds of evidence (``features.evidence_rate``) in the current freeze that the models put
         the reading ``bar`` off."""
         self.stuck_kplaus = np.zeros((0, len(TAUS_S)), dtype=bool)
         """The lags plausible when the reading last changed ..."""
@@ -378,7 +361,7 @@ class RuleBook:
         """The thermal model's error when the reading last changed: a frozen reading teaches
         the model to err, so the bar is the error it had before."""
         self.stuck_swung_s = np.zeros(0)
-        """Seconds of evidence (``_evidence_rate``) that every plausible lag has swung past
+        """Seconds of evidence (``features.evidence_rate``) that every plausible lag has swung past
         the bar in the current freeze, in a row (0: not now)."""
         self.stuck_base_ms = np.zeros(0, dtype=np.int64)
         """When the reading last changed with node peers to compare (0: not known) ..."""
@@ -569,10 +552,10 @@ class RuleBook:
         # that idled into a power band the model had never seen), and the reading is right.
         receding = np.isfinite(pred) & np.isfinite(p0) & (
             np.abs(pred - temp) >= np.abs(p0 - temp) - 0.5 * bar)
-        # The time counts faster the wider the swing (``_evidence_rate``): a die that a lag
+        # The time counts faster the wider the swing (``features.evidence_rate``): a die that a lag
         # of minutes puts 16 degC off has moved a whole degree in a quarter of that lag.
-        swung_s = _gather(self.stuck_swung_s[ids], past, ~past,
-                          _evidence_rate(swing, bar) * dt_s, dt_s, p.stuck_after_s)
+        swung_s = gather_evidence(self.stuck_swung_s[ids], past, ~past,
+                          evidence_rate(swing, bar) * dt_s, dt_s, p.stuck_after_s)
         self.stuck_swung_s[ids] = swung_s
         swung = held & alone & past & receding & (swung_s >= p.stuck_after_s)
         # Or every plausible lag now puts the die ``bar`` degrees or more off the held
@@ -595,7 +578,7 @@ class RuleBook:
         away = ok & agreed & ~models_swing & (np.abs(off) >= bar) & (np.abs(rel) >= bar) & (
             np.sign(rel) == np.sign(off))
         off_s = np.where(held, self.stuck_off_s[ids] + np.where(
-            away, _evidence_rate(off, bar) * dt_s, 0.0), 0.0)
+            away, evidence_rate(off, bar) * dt_s, 0.0), 0.0)
         self.stuck_off_s[ids] = off_s
         stayed = held & (off_s >= p.stuck_after_s)
         # Or unlike itself: the lags expect the reading to wander by more than a whole-degree
@@ -756,7 +739,7 @@ class RuleBook:
                                                axis=1), np.nan)
         cleared = finite & (~(then >= 0.5 * bar) | ~beside)
         before = self.excess_evidence_s[ids]
-        evidence = _gather(before, hot, cleared, _evidence_rate(excess, bar) * dt_s, dt_s,
+        evidence = gather_evidence(before, hot, cleared, evidence_rate(excess, bar) * dt_s, dt_s,
                            p.excess_after_s)
         self.excess_evidence_s[ids] = evidence
         cond[:, 6] = hot & (evidence >= p.excess_after_s)
@@ -801,18 +784,18 @@ class RuleBook:
             ((util >= 0.8) & (deficit >= p.deficit_ratio))
             | ((util >= 0.3) & (deficit >= 3.0 * p.deficit_ratio)))
         # Evidence, in seconds, grows faster the deeper the deficit (a clock at half its
-        # peers' is no borderline case): twice the ratio takes ``deficit_after_s``, more
-        # takes proportionally less, never under a quarter of it. A step that shows the
+        # peers' is no borderline case): the ratio takes ``deficit_after_s``, twice the ratio
+        # half that, never under a quarter of it. A step that shows the
         # clock where it should be (working, within the ratio) or a reason for it starts
         # over; a step that shows neither (between a pipeline's bursts, at 10 % between two
         # of 95 %) is no evidence either way, and what was gathered fades over
         # ``deficit_after_s`` instead of starting over, so a braked clock under a bursty job
         # still adds up.
         # The first step of a deficit counts no time yet (a tiny mark says it began).
-        rate = _evidence_rate(deficit, p.deficit_ratio)
+        rate = evidence_rate(deficit, p.deficit_ratio)
         clear = known & ((reasons != 0) | ((util >= 0.3) & (deficit < p.deficit_ratio)))
         before = self.deficit_evidence_s[ids]
-        evidence = _gather(before, low, clear, rate * dt_s, dt_s, p.deficit_after_s)
+        evidence = gather_evidence(before, low, clear, rate * dt_s, dt_s, p.deficit_after_s)
         self.deficit_evidence_s[ids] = evidence
         cond[:, 7] = low & (evidence >= p.deficit_after_s)
         val[:, 7] = np.where(low, deficit, 0.0)
@@ -911,7 +894,7 @@ class RuleBook:
         held_long = before >= p.excess_after_s
         hot = judged & (above >= np.where(held_long, 0.5 * bar, bar))
         cleared = judged & (above < 0.5 * bar)
-        evidence = _gather(before, hot, cleared, _evidence_rate(above, bar) * dt_s, dt_s,
+        evidence = gather_evidence(before, hot, cleared, evidence_rate(above, bar) * dt_s, dt_s,
                            p.excess_after_s)
         self.rest_evidence_s[ids] = evidence
         # Learn the place from readings that look like one: near what was learned, or

@@ -461,7 +461,7 @@ class DetectorShard:
         # The rack heat rule, on the same windows: the lower quartile of the judged GPUs'
         # residuals, degC.
         resid_c = closed.heat_c
-        h_open, h_res = self.rack_heat.step(racks, resid_c, closed.judged, end)
+        h_open, h_res = self.rack_heat.step(racks, resid_c, closed.judged)
         for r in h_open:
             path = self.rack_paths[int(racks[r])]
             out.append(self._fire(

@@ -35,8 +35,7 @@ def _run(excess: npt.NDArray[np.float64], judged: npt.NDArray[np.float64] | None
     for i, x in enumerate(excess):
         end_s = (i + 1) * WINDOW_S
         share = np.ones(1) if judged is None else judged[i:i + 1]
-        opened, resolved = heat.step(racks, np.array([x]), share,
-                                      np.array([int(end_s * 1000)]))
+        opened, resolved = heat.step(racks, np.array([x]), share)
         out += [("opened", end_s)] * len(opened) + [("resolved", end_s)] * len(resolved)
     return out
 
@@ -89,15 +88,18 @@ def test_a_recovered_rack_that_heats_again_opens_again_but_its_decay_does_not() 
 def test_state_survives_a_checkpoint_and_an_old_checkpoint_loads() -> None:
     heat = RackHeat(4.0, 60.0, WINDOW_S, 3600.0)
     heat.ensure(3)
-    heat.step(np.arange(3), np.array([5.0, 1.0, 9.0]), np.ones(3), np.full(3, 10_000))
+    heat.step(np.arange(3), np.array([5.0, 1.0, 9.0]), np.ones(3))
     again = RackHeat(4.0, 60.0, WINDOW_S, 3600.0)
     again.load_arrays(heat.state_arrays())
     for k in RackHeat.ARRAYS:
         assert np.array_equal(getattr(again, k), getattr(heat, k)), k
-    old = {k: v for k, v in heat.state_arrays().items()
-           if k in ("rack_heat.hot_since_ms", "rack_heat.open")}
+    # A checkpoint from before the recovery arrays, holding a since-time where the hot
+    # evidence is now: its racks start their hold over.
+    old = {"rack_heat.open": heat.open.copy(),
+           "rack_heat.hot_since_ms": np.full(3, 10_000, dtype=np.int64)}
     again.load_arrays(old)
     assert len(again.floor_c) == 3 and not again.floor_c.any()
+    assert len(again.hot_s) == 3 and not again.hot_s.any()
     # Racks of a checkpoint from before ``learned_s`` had been learning their baseline.
     assert (again.learned_s == LEARNED_S).all()
 
@@ -216,7 +218,7 @@ def _through_windows(gpu_c: npt.NDArray[np.float64], start_s: float) -> list[tup
         closed = windows.add(racks, ids, feats, row, int((start_s + i * WINDOW_S) * 1000))
         if len(closed.racks):
             end = closed.starts + windows.window_ms
-            opened, resolved = heat.step(closed.racks, closed.heat_c, closed.judged, end)
+            opened, resolved = heat.step(closed.racks, closed.heat_c, closed.judged)
             out += ([("opened", float(end[0]) / 1000)] * len(opened)
                     + [("resolved", float(end[0]) / 1000)] * len(resolved))
     return out

@@ -72,8 +72,10 @@ def test_the_smallest_fault_on_the_coolest_busy_seat_is_still_paged() -> None:
     busy = temp[:, 4:]
     assert np.median(busy[:, 2] - np.median(busy, axis=1)) <= -3.5
     pages = _with_fault(6, 9.0)
-    assert [g for g, _ in pages] == [6], pages
-    assert 3000 <= pages[0][1] < 3600
+    # Paged within the fault, and only there (it stands so near the bar beside its peers
+    # that the alert may resolve and be raised again before the fault ends).
+    assert pages and {g for g, _ in pages} == {6}, pages
+    assert all(3000 <= t < 3600 for _, t in pages), pages
 
 
 def test_a_hot_idle_die_among_idle_peers_is_still_paged() -> None:
