@@ -104,11 +104,11 @@ clock_deficit      warning   a busy GPU (``utilization >= 80 %``) runs its SM cl
                              cannot run at speed: a straggler its peers wait for.
 ecc_sbe_burst      warning   corrected ECC errors, counted with an exponential memory of
                              ``burst_window_s``, reach ``burst_count``: healthy HBM corrects a
-                             few errors a day; a sustained rate of one every few seconds is a
-                             failing part, and a storm of dozens reaches it in one step. It
-                             resolves ``event_hold_s`` after the errors stop, and the count
-                             starts over then (the storm is over; the next one is counted
-                             on its own).
+                             few errors a day, one at a time; a sustained rate of one every six
+                             seconds is a failing part, and a storm of a dozen a second reaches
+                             it in one step. It resolves ``event_hold_s`` after the errors
+                             stop, and the count starts over then (the storm is over; the next
+                             one is counted on its own).
 link_errors        warning   the same for NVLink CRC + replay + recovery and PCIe replays.
 gpu_lost           critical  the GPU stopped reporting: every metric NaN, or no sample for
                              ``stale_after_s`` while the rest of its rack reports (fell off the bus)
