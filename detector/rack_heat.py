@@ -10,10 +10,10 @@ run at), so three quarters of them run that much hotter than their models. It op
 that has stayed at ``excess_c`` or more for ``after_s``, gathered as the per-GPU rules
 gather their holds (``features.evidence_rate``): a window at the bar counts its ten
 seconds, one at twice the bar twenty, four times or more forty, so a rack whose inlet lost
-20 degC of cooling pages in a quarter of the time a borderline one needs. A workload cannot produce it: a
-job that starts or ends moves power, which the models account for, and where the models of
-a node or a job share a mistake (a lag they have wrong under one rhythm, zoo-1292), the
-other GPUs of the rack hold the quartile down.
+20 degC of cooling, once its dies have heated, pages in a quarter of the time a borderline
+one needs. A workload cannot produce it: a job that starts or ends moves power, which the
+models account for, and where the models of a node or a job share a mistake (a lag they
+have wrong under one rhythm, zoo-1292), the other GPUs of the rack hold the quartile down.
 
 An inlet that drifts with the day is not a fault, yet the models follow it only as fast as
 their four-hour memory lets them: a daily swing of 4 degC drifts by up to 1 degC an hour,

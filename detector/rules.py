@@ -118,8 +118,8 @@ Every window is in seconds of event time, so a rule means the same at 0.2 Hz and
 Where a hold is gathered as evidence (``clock_deficit``, both ``thermal_excess`` paths that
 gather, the thermal-model paths of ``temperature_stuck``), a step counts for more the further
 past its bar the GPU stands: at the bar a second counts a second, twice the bar twice, four
-times or more four times (``features.evidence_rate``), so the plainest faults page in a quarter of the
-hold.
+times or more four times (``features.evidence_rate``), so the plainest faults page in a
+quarter of the hold.
 
 All of it is vector operations over the GPUs of a step; the state is a few arrays per rule.
 """
@@ -350,8 +350,8 @@ class RuleBook:
         self.stuck_p0 = np.zeros(0)
         """The thermal model's prediction when the reading last changed."""
         self.stuck_off_s = np.zeros(0)
-        """Seconds of evidence (``features.evidence_rate``) in the current freeze that the models put
-        the reading ``bar`` off."""
+        """Seconds of evidence (``features.evidence_rate``) in the current freeze that the
+        models put the reading ``bar`` off."""
         self.stuck_kplaus = np.zeros((0, len(TAUS_S)), dtype=bool)
         """The lags plausible when the reading last changed ..."""
         self.stuck_kmin = np.zeros((0, len(TAUS_S)))
@@ -361,8 +361,8 @@ class RuleBook:
         """The thermal model's error when the reading last changed: a frozen reading teaches
         the model to err, so the bar is the error it had before."""
         self.stuck_swung_s = np.zeros(0)
-        """Seconds of evidence (``features.evidence_rate``) that every plausible lag has swung past
-        the bar in the current freeze, in a row (0: not now)."""
+        """Seconds of evidence (``features.evidence_rate``) that every plausible lag has swung
+        past the bar in the current freeze, in a row (0: not now)."""
         self.stuck_base_ms = np.zeros(0, dtype=np.int64)
         """When the reading last changed with node peers to compare (0: not known) ..."""
         self.stuck_peer0 = np.zeros(0)
@@ -552,10 +552,10 @@ class RuleBook:
         # that idled into a power band the model had never seen), and the reading is right.
         receding = np.isfinite(pred) & np.isfinite(p0) & (
             np.abs(pred - temp) >= np.abs(p0 - temp) - 0.5 * bar)
-        # The time counts faster the wider the swing (``features.evidence_rate``): a die that a lag
-        # of minutes puts 16 degC off has moved a whole degree in a quarter of that lag.
+        # The time counts faster the wider the swing (``features.evidence_rate``): a die that a
+        # lag of minutes puts 16 degC off has moved a whole degree in a quarter of that lag.
         swung_s = gather_evidence(self.stuck_swung_s[ids], past, ~past,
-                          evidence_rate(swing, bar) * dt_s, dt_s, p.stuck_after_s)
+                                  evidence_rate(swing, bar) * dt_s, dt_s, p.stuck_after_s)
         self.stuck_swung_s[ids] = swung_s
         swung = held & alone & past & receding & (swung_s >= p.stuck_after_s)
         # Or every plausible lag now puts the die ``bar`` degrees or more off the held
@@ -739,8 +739,8 @@ class RuleBook:
                                                axis=1), np.nan)
         cleared = finite & (~(then >= 0.5 * bar) | ~beside)
         before = self.excess_evidence_s[ids]
-        evidence = gather_evidence(before, hot, cleared, evidence_rate(excess, bar) * dt_s, dt_s,
-                           p.excess_after_s)
+        evidence = gather_evidence(before, hot, cleared, evidence_rate(excess, bar) * dt_s,
+                                   dt_s, p.excess_after_s)
         self.excess_evidence_s[ids] = evidence
         cond[:, 6] = hot & (evidence >= p.excess_after_s)
         val[:, 6] = np.where(finite, excess, 0.0)
@@ -894,8 +894,8 @@ class RuleBook:
         held_long = before >= p.excess_after_s
         hot = judged & (above >= np.where(held_long, 0.5 * bar, bar))
         cleared = judged & (above < 0.5 * bar)
-        evidence = gather_evidence(before, hot, cleared, evidence_rate(above, bar) * dt_s, dt_s,
-                           p.excess_after_s)
+        evidence = gather_evidence(before, hot, cleared, evidence_rate(above, bar) * dt_s,
+                                   dt_s, p.excess_after_s)
         self.rest_evidence_s[ids] = evidence
         # Learn the place from readings that look like one: near what was learned, or
         # (before anything is) within the learned bar of the median, so a hot die is not

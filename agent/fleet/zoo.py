@@ -101,8 +101,9 @@ worktree of 688e05d; 1342-1343 rerun at 688e05d, 1342-1343 studied). That change
 d112880; 1364-1369 zoo-run at d112880 (1367 and 1369 studied), 1370-1395 soaked at e3ec346,
 1396-1401 zoo-run at 5ddc9e2 (1398-1399 rerun at e3ec346); 1402-1407 zoo-run at 5dbdad0 and
 again with 4dc4d60's forest screen (and since rerun at 5ec9038, 81fe6be and 91d2759);
-1408-1413 zoo-run at 76cb2ab and at 31818ab, 1414-1439 soaked at 76cb2ab, so the next zoo
-starts at index 440 (draw 1440), the next soak at index 446 (draw 1446)."""
+1408-1413 zoo-run at 76cb2ab and at 31818ab, 1414-1439 soaked at 76cb2ab; 1440-1445 zoo-run
+at 8d2ddd7 and at ca43139, 1446-1471 soaked at 8d2ddd7, so the next zoo starts at index 472
+(draw 1472), the next soak at index 478 (draw 1478)."""
 
 
 @dataclass(frozen=True, slots=True)
