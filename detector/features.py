@@ -317,7 +317,8 @@ def evidence_rate(excess: npt.NDArray[np.float64], bar: npt.NDArray[np.float64] 
     its peers' is no borderline case, and a rule's hold is there for those. Each bar already
     stands past what healthy GPUs reach (the heat bars at twice the widest healthy spread),
     so a GPU half as far again past it is that much plainer: counted from twice the bar
-    (76cb2ab), a clock at 74 % of its peers' waited the whole minute (tuning draw zoo-2)."""
+    (76cb2ab), a clock at 74 % of its peers' (three times its bar) took 40 s (tuning draw
+    zoo-2), 20 s now."""
     ratio = np.abs(excess) / np.asarray(bar, dtype=np.float64)
     return np.clip(np.nan_to_num(ratio, nan=1.0, posinf=4.0), 1.0, 4.0)
 
