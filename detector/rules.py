@@ -57,7 +57,13 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              median stood ``stuck_predicted_c`` above the held reading, then
                              below, then above again (or the other way round): bursty load
                              never lets the median settle, but a die sharing it swings with
-                             it.
+                             it; or for ``stuck_after_s`` of evidence while the median of the
+                             node's GPUs that drew its power at every time scale (now and
+                             over each candidate lag; three or more), within half the bar
+                             of the reading when it froze, stood the bar or more away from
+                             it, having moved that way since: dies that share a power
+                             history share a heat history, still heating from a job's start
+                             or cooling from its end together.
                              A sensor is one GPU's part: when the whole node holds its
                              readings, the node is steady or the models misjudge its loop.
                              Judged by the GPU's own response, its own sensor and its peers,
@@ -326,6 +332,7 @@ class RuleBook:
               "stuck_swung_s", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
               "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
               "stuck_flips", "stuck_like0", "stuck_w0", "stuck_fit_ms", "stuck_fit0",
+              "stuck_drawn0", "stuck_left_s",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s",
               "peer_offset", "peer_learned_s", "peer_hot_since_ms",
@@ -400,6 +407,13 @@ class RuleBook:
         not yet either (0) ..."""
         self.stuck_flips = np.zeros(0, dtype=np.int64)
         """... and how many times it has gone from one side to the other since."""
+        self.stuck_drawn0 = np.zeros(0)
+        """The median reading of the node's GPUs that drew this one's power at every time
+        scale, when its reading last changed, if it read within half the bar of it (NaN:
+        it did not, or fewer than three drew it) ..."""
+        self.stuck_left_s = np.zeros(0)
+        """... and the seconds of evidence (``features.evidence_rate``) in the current freeze
+        that their median has moved the bar away from the held reading since."""
         self.run_max_s = np.zeros((0, DWELL_BINS))
         """Longest run of identical readings this sensor showed, per band of power (decaying
         over a day) ..."""
@@ -708,7 +722,31 @@ class RuleBook:
         self.stuck_side[ids] = np.where(side != 0, side, last)
         self.stuck_flips[ids] = flips
         around = frozen_long & alone & (flips >= 2)
-        cond[:, 5] = swung | stayed | unlike_itself | behind | around
+        # Or the dies that drew its power at every time scale (now, and smoothed with each
+        # candidate lag) read what it read when it froze, within half the bar, and have
+        # since moved the bar or more away from it, one way, for ``stuck_after_s`` of
+        # evidence. Sharing its power over the slowest lag, they share its heat history:
+        # dies of one node still heating from a job's start, or cooling from its end, move
+        # together, and a healthy one that holds its reading holds a die that does not move,
+        # which theirs then do not either. (Peers moving onto the held reading are dies
+        # settling where it sat; only moving away accuses.) Needs no settled start and no
+        # thermal model: tuning zoo-10 (liquid, 106 s dies, whole degrees) froze a reading
+        # at 55 degC while its seven peers, under its load, heated from 55-57 to 59-62.
+        drawn_med = same_load_median(
+            temp, np.concatenate([row[:, COL["power_usage_watts"]][:, None],
+                                  ctx.power_smoothed_w], axis=1), None, ctx.node)
+        self.stuck_drawn0[ids] = np.where(
+            fresh, np.where(np.abs(drawn_med - temp) <= 0.5 * bar, drawn_med, np.nan),
+            self.stuck_drawn0[ids])
+        went = drawn_med - self.stuck_drawn0[ids]
+        gap = drawn_med - temp
+        left = held & (np.abs(went) >= bar) & (np.abs(gap) >= bar) & (
+            np.sign(went) == np.sign(gap))
+        left_s = np.where(held, self.stuck_left_s[ids] + np.where(
+            left, evidence_rate(np.where(left, gap, 0.0), bar) * dt_s, 0.0), 0.0)
+        self.stuck_left_s[ids] = left_s
+        drifted = frozen_long & alone & (left_s >= p.stuck_after_s)
+        cond[:, 5] = swung | stayed | unlike_itself | behind | around | drifted
         val[:, 5] = temp
         # Hotter than its own thermal model, and than its node peers, whatever lag the GPU's
         # history allowed while it ran as predicted: a die whose chosen lag is wrong for it
@@ -770,8 +808,8 @@ class RuleBook:
         rest_hot, rest_dev = self._hot_at_rest(ids, temp, util, dt_s, ts_ms, ctx.node)
         val[:, 6] = np.where(rest_hot & ~cond[:, 6], rest_dev, val[:, 6])
         cond[:, 6] |= rest_hot
-        peer_hot, peer_dev = self._hot_beside_peers(ids, temp, power, ctx.power_smoothed_w,
-                                                    dt_s, ts_ms, ctx.node)
+        peer_hot, peer_dev = self._hot_beside_peers(ids, temp, power, drawn_med, dt_s,
+                                                    ts_ms, ctx.node)
         val[:, 6] = np.where(peer_hot & ~cond[:, 6], peer_dev, val[:, 6])
         cond[:, 6] |= peer_hot
         # A busy GPU clocked below where it should run, with no reason reported.
@@ -929,7 +967,7 @@ class RuleBook:
         return hot & (evidence >= p.excess_after_s), np.where(judged, dev, 0.0)
 
     def _hot_beside_peers(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
-                          power: npt.NDArray[np.float64], smoothed: npt.NDArray[np.float64],
+                          power: npt.NDArray[np.float64], drawn_med: npt.NDArray[np.float64],
                           dt_s: npt.NDArray[np.float64], ts_ms: int, node: npt.NDArray[np.intp]
                           ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
         """``thermal_excess`` judged without a thermal model: a die hot for its seat among
@@ -947,8 +985,7 @@ class RuleBook:
         keeps moving may never give it one: a held-out zoo missed a die 25 degC above its
         seven peers at their power for eight minutes (zoo-1054: liquid, 1 degC sensors)."""
         p = self.params
-        heat = np.concatenate([power[:, None], smoothed], axis=1)
-        dev = temp - same_load_median(temp, heat, None, node)
+        dev = temp - drawn_med
         judged = np.isfinite(dev)
         band = np.clip(np.nan_to_num(power / _SEAT_BAND_W).astype(np.int64), 0, DWELL_BINS - 1)
         offset = self.peer_offset[ids, band]
@@ -1037,3 +1074,6 @@ class RuleBook:
         written with other lags is mapped onto today's (``load_state``)."""
         load_state(self, arrays, "rules", self.ARRAYS, self.LAG_ARRAYS,
                    len(arrays["rules.run"]))
+        if "rules.stuck_drawn0" not in arrays:
+            # Not known for a freeze under way (zero would read as a median of 0 degC).
+            self.stuck_drawn0[:] = np.nan
