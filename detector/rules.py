@@ -34,9 +34,9 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              ``stuck_after_s`` of evidence in all
                              while every such lag stood that far off the held reading on one
                              side (having agreed with it when it froze, or at the last step
-                             it judged, within ``stuck_after_s`` before, where it could not
-                             judge that one: a dip too short to learn) and the node's peers
-                             did not; or for twice ``stuck_after_s`` and 10 times longer than
+                             it judged, within ``stuck_after_s`` before and at the power it
+                             judges now, where it could not judge that one: a dip too short
+                             to learn) and the node's peers did not; or for twice ``stuck_after_s`` and 10 times longer than
                              any run of identical readings this sensor showed at this power in
                              the last day (after ``stuck_history_s`` learned and 30 changes of
                              value at that power), where the lags expect more wandering than a
@@ -331,7 +331,8 @@ class RuleBook:
               "stuck_kmin", "stuck_kmax", "stuck_err",
               "stuck_swung_s", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
               "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
-              "stuck_flips", "stuck_like0", "stuck_w0", "stuck_fit_ms", "stuck_fit0",
+              "stuck_flips", "stuck_like0", "stuck_w0", "stuck_fit_ms", "stuck_fit_bin",
+              "stuck_fit0",
               "stuck_drawn0", "stuck_left_s",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s",
@@ -359,10 +360,13 @@ class RuleBook:
         self.stuck_p0 = np.zeros(0)
         """The thermal model's prediction when the reading last changed."""
         self.stuck_fit_ms = np.zeros(0, dtype=np.int64)
-        """When the chosen lag last predicted the reading within half its bar (0: never) ..."""
-        self.stuck_fit0 = np.zeros(0, dtype=bool)
-        """... and whether it had, within ``stuck_after_s``, when the reading last changed at
-        a step the model could not judge."""
+        """When the chosen lag last predicted the reading within half its bar (0: never) ...
+        """
+        self.stuck_fit_bin = np.zeros(0, dtype=np.int64)
+        """... at which band of power (``RuleContext.power_bin`` + 1; 0: never) ..."""
+        self.stuck_fit0 = np.zeros(0, dtype=np.int64)
+        """... and that band + 1 if it had, within ``stuck_after_s``, when the reading last
+        changed at a step the model could not judge (0: not)."""
         self.stuck_off_s = np.zeros(0)
         """Seconds of evidence (``features.evidence_rate``) in the current freeze that the
         models put the reading ``bar`` off."""
@@ -528,13 +532,19 @@ class RuleBook:
         # against the model that had read it right seconds before (tuning zoo-8: air, 3 s
         # dies, whole degrees, 580 W with dips to 150 W; frozen at 37 degC while the model
         # put the die at 44-47, as its peers read, for 13 minutes).
+        # Only at that step's band of power, though: its agreement says nothing of a power it
+        # was not judged at. (A held-out soak paged an idle die that way, zoo-1496: air,
+        # whole degrees; a node's job ended, its dies cooled in seconds to 30-32 degC, and
+        # the model, right at 280 W a few seconds before, put the idle die 5 degC higher.)
         fit_bar = np.maximum(p.stuck_predicted_c, 4.0 * ctx.error_c)
-        self.stuck_fit_ms[ids] = np.where(ok & (np.abs(pred - temp) < 0.5 * fit_bar), ts_ms,
-                                          self.stuck_fit_ms[ids])
+        fits = ok & (np.abs(pred - temp) < 0.5 * fit_bar)
+        self.stuck_fit_ms[ids] = np.where(fits, ts_ms, self.stuck_fit_ms[ids])
+        self.stuck_fit_bin[ids] = np.where(fits, ctx.power_bin + 1, self.stuck_fit_bin[ids])
         fit_ms = self.stuck_fit_ms[ids]
         fit_then = has_temp & ~np.isfinite(pred) & (fit_ms > 0) & (
             ts_ms - fit_ms <= p.stuck_after_s * 1000)
-        self.stuck_fit0[ids] = np.where(held, self.stuck_fit0[ids], fit_then)
+        self.stuck_fit0[ids] = np.where(held, self.stuck_fit0[ids],
+                                        np.where(fit_then, self.stuck_fit_bin[ids], 0))
         # The prediction when the reading last changed (the first one known since then), and
         # the range each plausible lag's prediction covered since.
         p0 = self.stuck_p0[ids]
@@ -609,7 +619,9 @@ class RuleBook:
         off = np.where(temp < lo, lo - temp, np.where(temp > hi, hi - temp, 0.0))
         judged = ok & np.isfinite(off)
         off = np.where(judged, off, 0.0)
-        agreed = (np.isfinite(p0) & (np.abs(p0 - temp) < 0.5 * bar)) | self.stuck_fit0[ids]
+        fit0 = self.stuck_fit0[ids]
+        agreed = (np.isfinite(p0) & (np.abs(p0 - temp) < 0.5 * bar)) | (
+            (fit0 > 0) & (ctx.power_bin + 1 == fit0))
         peers_off = _peer_median(off, ctx.node, judged)
         rel = np.where(np.isfinite(peers_off), off - peers_off, off)
         away = ok & agreed & ~models_swing & (np.abs(off) >= bar) & (np.abs(rel) >= bar) & (
