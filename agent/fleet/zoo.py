@@ -104,8 +104,9 @@ again with 4dc4d60's forest screen (and since rerun at 5ec9038, 81fe6be and 91d2
 1408-1413 zoo-run at 76cb2ab and at 31818ab, 1414-1439 soaked at 76cb2ab; 1440-1445 zoo-run
 at 8d2ddd7 and at ca43139, 1446-1471 soaked at 8d2ddd7; 1472-1477 zoo-run at 0b781ad (and
 since at 73d6657 and fbc7013), 1478-1481 soaked at 0b781ad (stopped after four parts for
-fbc7013), 1482-1507 soaked at fbc7013 (1496 studied), 1508-1513 zoo-run at fbc7013 and 73d6657, so the next
-zoo starts at index 514 (draw 1514), the next soak at index 520 (draw 1520)."""
+fbc7013), 1482-1507 soaked at fbc7013 (1496 studied), 1508-1513 zoo-run at fbc7013 and
+73d6657, so the next zoo starts at index 514 (draw 1514), the next soak at index 520 (draw
+1520)."""
 
 
 @dataclass(frozen=True, slots=True)
