@@ -36,7 +36,8 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              side (having agreed with it when it froze, or at the last step
                              it judged, within ``stuck_after_s`` before and at the power it
                              judges now, where it could not judge that one: a dip too short
-                             to learn) and the node's peers did not; or for twice ``stuck_after_s`` and 10 times longer than
+                             to learn) and the node's peers did not; or for twice
+                             ``stuck_after_s`` and 10 times longer than
                              any run of identical readings this sensor showed at this power in
                              the last day (after ``stuck_history_s`` learned and 30 changes of
                              value at that power), where the lags expect more wandering than a
@@ -332,8 +333,7 @@ class RuleBook:
               "stuck_swung_s", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
               "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
               "stuck_flips", "stuck_like0", "stuck_w0", "stuck_fit_ms", "stuck_fit_bin",
-              "stuck_fit0",
-              "stuck_drawn0", "stuck_left_s",
+              "stuck_fit0", "stuck_drawn0", "stuck_left_s",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s",
               "peer_offset", "peer_learned_s", "peer_hot_since_ms",
@@ -360,8 +360,7 @@ class RuleBook:
         self.stuck_p0 = np.zeros(0)
         """The thermal model's prediction when the reading last changed."""
         self.stuck_fit_ms = np.zeros(0, dtype=np.int64)
-        """When the chosen lag last predicted the reading within half its bar (0: never) ...
-        """
+        """When the chosen lag last predicted the reading within half its bar (0: never) ..."""
         self.stuck_fit_bin = np.zeros(0, dtype=np.int64)
         """... at which band of power (``RuleContext.power_bin`` + 1; 0: never) ..."""
         self.stuck_fit0 = np.zeros(0, dtype=np.int64)
