@@ -312,6 +312,14 @@ def _others(flags: npt.NDArray[np.bool_], node: npt.NDArray[np.intp]) -> npt.NDA
     return np.asarray(np.bincount(node, weights=f)[node] - f, dtype=np.float64)
 
 
+def _in_freeze(before: npt.NDArray[np.float64], held: npt.NDArray[np.bool_],
+               gain_s: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Seconds summed over the current freeze of a reading: what was gathered plus this
+    step's ``gain_s`` while the reading holds, nothing once it changes (no fading, unlike
+    ``features.gather_evidence``: a freeze is one episode, judged whole)."""
+    return np.where(held, before + gain_s, 0.0)
+
+
 def _learn_place(offset: npt.NDArray[np.float64], seen_s: npt.NDArray[np.float64],
                  dev: npt.NDArray[np.float64], learn: npt.NDArray[np.bool_],
                  dt_s: npt.NDArray[np.float64], learn_s: float
@@ -625,8 +633,8 @@ class RuleBook:
         rel = np.where(np.isfinite(peers_off), off - peers_off, off)
         away = ok & agreed & ~models_swing & (np.abs(off) >= bar) & (np.abs(rel) >= bar) & (
             np.sign(rel) == np.sign(off))
-        off_s = np.where(held, self.stuck_off_s[ids] + np.where(
-            away, evidence_rate(off, bar) * dt_s, 0.0), 0.0)
+        off_s = _in_freeze(self.stuck_off_s[ids], held,
+                           np.where(away, evidence_rate(off, bar) * dt_s, 0.0))
         self.stuck_off_s[ids] = off_s
         stayed = held & (off_s >= p.stuck_after_s)
         # Or unlike itself: the lags expect the reading to wander by more than a whole-degree
@@ -704,7 +712,7 @@ class RuleBook:
         # again their median passes its reading on the way up. (A held-out soak paged on a
         # GPU that way, its reading right and its thermal model saying so.) A few seconds
         # of difference are a job starting on its GPUs a tick apart.
-        unlike_s = np.where(held, self.stuck_unlike_s[ids] + np.where(like, 0.0, dt_s), 0.0)
+        unlike_s = _in_freeze(self.stuck_unlike_s[ids], held, np.where(like, 0.0, dt_s))
         self.stuck_unlike_s[ids] = unlike_s
         moved = np.abs(peer_med - self.stuck_peer0[ids])
         moved_like = np.abs(like_med - self.stuck_like0[ids])
@@ -753,8 +761,8 @@ class RuleBook:
         gap = drawn_med - temp
         left = held & (np.abs(went) >= bar) & (np.abs(gap) >= bar) & (
             np.sign(went) == np.sign(gap))
-        left_s = np.where(held, self.stuck_left_s[ids] + np.where(
-            left, evidence_rate(np.where(left, gap, 0.0), bar) * dt_s, 0.0), 0.0)
+        left_s = _in_freeze(self.stuck_left_s[ids], held,
+                            np.where(left, evidence_rate(gap, bar) * dt_s, 0.0))
         self.stuck_left_s[ids] = left_s
         drifted = frozen_long & alone & (left_s >= p.stuck_after_s)
         cond[:, 5] = swung | stayed | unlike_itself | behind | around | drifted
