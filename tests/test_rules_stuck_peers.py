@@ -163,7 +163,7 @@ def test_a_die_that_worked_on_alone_is_not_stuck_when_its_peers_come_back() -> N
 
 def test_a_sensor_frozen_while_its_node_heats_is_found_by_the_dies_that_drew_its_power() -> None:
     """As tuning draw zoo-10 missed it (liquid, 106 s dies, whole degrees): node 0 starts
-    its job and its dies take minutes to heat; GPU 1's reading freezes 20 s in, among its
+    its job and its dies take minutes to heat; GPU 1's reading freezes 40 s in, among its
     peers' readings on the way up, and stays there while theirs go on by 10 degC. No settled
     start (the peers were heating when it froze) and no load move since: the dies that drew
     its power at every time scale moved away from the reading they shared."""
