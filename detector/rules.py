@@ -287,6 +287,9 @@ bar, let the bit explain it at every other reading)."""
 MIN_REST_PEERS: Final = 4
 """GPUs of a node at rest (the judged one included) for their median to judge: one hot die
 among three others cannot move it."""
+_SPAN_WINDOW_S: Final = 30.0
+"""Windows a die's wandering is measured in (``temperature_stuck``'s path of peers that keep
+moving): short against any die's lag under a steady load, long enough for a few readings."""
 _SEAT_BAND_W: Final = 100.0
 """Bands of power a die's seat among its peers is learned in (it grows with the power)."""
 
@@ -341,7 +344,8 @@ class RuleBook:
               "stuck_swung_s", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
               "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
               "stuck_flips", "stuck_like0", "stuck_w0", "stuck_fit_ms", "stuck_fit_bin",
-              "stuck_fit0", "stuck_drawn0", "stuck_left_s",
+              "stuck_fit0", "stuck_drawn0", "stuck_left_s", "stuck_flow_s",
+              "temp_step_c", "span_ms", "span_lo", "span_hi", "span_c",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s",
               "peer_offset", "peer_learned_s", "peer_hot_since_ms",
@@ -425,6 +429,18 @@ class RuleBook:
         self.stuck_left_s = np.zeros(0)
         """... and the seconds of evidence (``features.evidence_rate``) in the current freeze
         that their median has moved the bar away from the held reading since."""
+        self.stuck_flow_s = np.zeros(0)
+        """Seconds in the current freeze while three or more of the node's GPUs at its band of
+        power reported and each of their readings spanned two steps in ``_SPAN_WINDOW_S``."""
+        self.temp_step_c = np.zeros(0)
+        """The smallest change of reading the sensor has shown: its step (0: none yet)."""
+        self.span_ms = np.zeros(0, dtype=np.int64)
+        """Start of the current window of ``_SPAN_WINDOW_S`` (0: none) ..."""
+        self.span_lo = np.zeros(0)
+        self.span_hi = np.zeros(0)
+        """... the range of the readings in it ..."""
+        self.span_c = np.zeros(0)
+        """... and that range in the last whole window (0: none)."""
         self.run_max_s = np.zeros((0, DWELL_BINS))
         """Longest run of identical readings this sensor showed, per band of power (decaying
         over a day) ..."""
@@ -524,6 +540,7 @@ class RuleBook:
         # so each one that ends ages the record by its own length.
         decay = np.exp(-np.maximum(run_s, 0.0) / 86_400.0)
         band = ctx.power_bin
+        wanders = self._wanders(ids, temp, ts_ms)
         runs = self.run_max_s[ids, band]
         self.run_max_s[ids, band] = np.where(ended, np.maximum(runs * decay, run_s), runs)
         self.runs_n[ids, band] += ended
@@ -648,6 +665,27 @@ class RuleBook:
                          & (swing >= np.maximum(2.0, 1.0 + 4.0 * self.stuck_err[ids]))
                          & (frozen_s >= 2.0 * p.stuck_after_s)
                          & (frozen_s >= 10.0 * self.run_max_s[ids, band]))
+        # Or unlike its peers at its power, needing no thermal model: three or more of the
+        # node's GPUs at its band of power each read values two steps apart within every
+        # ``_SPAN_WINDOW_S`` (``_wanders``) for twice ``stuck_after_s`` of the freeze, and
+        # this sensor, which has changed value 30 times at this power, holds one for twice
+        # ``stuck_after_s`` and ten times its longest run here. Dies of one node at one
+        # power share its rhythm and inlet: where each of theirs wanders two steps, a range
+        # no die can cover without crossing a step, a die of the same load crosses one too.
+        # (Tuning zoo-7: air, 7.6 s dies, half-degree steps, 350 W; held at 56.5 degC for 13
+        # minutes while its peers' readings wandered a degree or more every half minute,
+        # and no lag the model could rule out swung enough to accuse it.) Peers flickering
+        # between two values say nothing: whole degrees on a steady cold plate flicker
+        # where a die sits near a step and hold where it sits between (tuning zoo-4).
+        same_band = ctx.node * DWELL_BINS + band
+        reporting_b = _others(has_temp, same_band)
+        flowing = (reporting_b >= 3) & (_others(wanders, same_band) == reporting_b)
+        flow_s = _in_freeze(self.stuck_flow_s[ids], held, np.where(flowing, dt_s, 0.0))
+        self.stuck_flow_s[ids] = flow_s
+        unlike_all = (held & (self.runs_n[ids, band] >= 30)
+                      & (frozen_s >= 2.0 * p.stuck_after_s)
+                      & (frozen_s >= 10.0 * self.run_max_s[ids, band])
+                      & (flow_s >= 2.0 * p.stuck_after_s))
         # Or unlike its node peers, with no thermal model needed: it had run its peers'
         # load for ``rest_settle_s`` when the reading froze (so its die sat where theirs
         # did, not cooling from a job they had not run), their median had settled then,
@@ -765,7 +803,7 @@ class RuleBook:
                             np.where(left, evidence_rate(gap, bar) * dt_s, 0.0))
         self.stuck_left_s[ids] = left_s
         drifted = frozen_long & alone & (left_s >= p.stuck_after_s)
-        cond[:, 5] = swung | stayed | unlike_itself | behind | around | drifted
+        cond[:, 5] = swung | stayed | unlike_itself | unlike_all | behind | around | drifted
         val[:, 5] = temp
         # Hotter than its own thermal model, and than its node peers, whatever lag the GPU's
         # history allowed while it ran as predicted: a die whose chosen lag is wrong for it
@@ -892,6 +930,29 @@ class RuleBook:
         val[:, 9] = burst[:, 1]
         cond[:, LOST] = ~valid
         return cond, val
+
+    def _wanders(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
+                 ts_ms: int) -> npt.NDArray[np.bool_]:
+        """Whether each GPU's readings spanned two of its sensor's steps in its last whole
+        window of ``_SPAN_WINDOW_S``: a range no die covers without crossing a step,
+        wherever it sits. Called before the reading is stored (``stuck_temp`` is the last
+        one), to learn the step."""
+        has = np.isfinite(temp)
+        change = np.abs(temp - self.stuck_temp[ids])
+        changed = has & np.isfinite(change) & (change > 1e-6)
+        step = self.temp_step_c[ids]
+        step = np.where(changed & ((step <= 0) | (change < step)), change, step)
+        self.temp_step_c[ids] = step
+        start = self.span_ms[ids]
+        whole = has & (start > 0) & (ts_ms - start >= _SPAN_WINDOW_S * 1000)
+        span = np.where(whole, self.span_hi[ids] - self.span_lo[ids],
+                        np.where(has, self.span_c[ids], 0.0))
+        self.span_c[ids] = span
+        fresh = has & ((start == 0) | whole)
+        self.span_ms[ids] = np.where(has, np.where(fresh, ts_ms, start), 0)
+        self.span_lo[ids] = np.where(fresh, temp, np.fmin(self.span_lo[ids], temp))
+        self.span_hi[ids] = np.where(fresh, temp, np.fmax(self.span_hi[ids], temp))
+        return has & (step > 0) & (span >= 1.99 * step)
 
     def _steady_under_swing(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
                             pred: npt.NDArray[np.float64], ts_ms: int) -> npt.NDArray[np.bool_]:

@@ -1,0 +1,72 @@
+"""A temperature sensor frozen beside node peers whose readings wander: found without the thermal
+model (a steady load gives its lags nothing to swing), and a healthy die that settles between two
+steps beside peers that flicker across one is not taken for it."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from test_detector_support import healthy, timestamps
+from test_rules_rest import PER_NODE, _shard
+
+from detector.features import COL
+
+STEPS = 900
+FREEZE = 400  # GPU 2's reading holds from here on (or its die settles between steps)
+
+
+def _steady_node(step_c: float, noise_c: float, die_c: npt.NDArray[np.float64],
+                 seed: int = 0) -> npt.NDArray[np.float64]:
+    """Two nodes of 8 GPUs at 1 Hz: node 0 at a steady 400 W, node 1 idle; node 0's dies at
+    ``die_c`` (steps, 8), read with Gaussian ``noise_c`` and rounded to ``step_c``."""
+    rng = np.random.default_rng(seed)
+    g = 2 * PER_NODE
+    x = healthy(STEPS, g, seed)
+    busy = np.zeros((STEPS, g), dtype=bool)
+    busy[:, :PER_NODE] = True
+    power = np.where(busy, 400.0, 70.0) + rng.normal(0, 4, (STEPS, g))
+    x[:, :, COL["utilization_ratio"]] = np.where(busy, 0.95, 0.02)
+    x[:, :, COL["power_usage_watts"]] = power
+    x[:, :, COL["power_limit_watts"]] = 700.0
+    x[:, :, COL["sm_clock_hertz"]] = np.where(busy, 1.98e9, 0.345e9)
+    x[:, :, COL["clock_event_reasons"]] = np.where(busy, 0, 1)
+    die = np.concatenate([die_c, np.full((STEPS, PER_NODE), 33.0)], axis=1)
+    read = np.round((die + rng.normal(0, noise_c, die.shape)) / step_c) * step_c
+    x[:, :, COL["temperature_celsius"]] = read
+    x[:, :, COL["memory_temperature_celsius"]] = np.round(die + 5)
+    return x
+
+
+def _stuck(data: npt.NDArray[np.float64]) -> list[tuple[str, int]]:
+    shard, ids, nodes = _shard(nodes=2)
+    got = shard.process(ids, nodes, timestamps(STEPS), data)
+    t0 = timestamps(1)[0]
+    return [(a.entity.rsplit("/", 1)[-1], (a.started_ms - t0) // 1000)
+            for a in got if a.source == "rule:temperature_stuck"]
+
+
+def test_a_sensor_frozen_among_peers_whose_readings_wander_is_found() -> None:
+    """Half-degree sensors with 0.45 degC of noise at a steady 400 W (tuning zoo-7's kind):
+    each peer's readings span a degree or more every half minute, so GPU 2's reading held for
+    minutes is its sensor, though no lag of its model swings."""
+    die = np.full((STEPS, PER_NODE), 60.0) + np.arange(PER_NODE) * 0.3
+    data = _steady_node(0.5, 0.45, die)
+    temp = COL["temperature_celsius"]
+    data[FREEZE:, 2, temp] = data[FREEZE, 2, temp]
+    got = _stuck(data)
+    assert {gpu for gpu, _ in got} == {"gpu-2"}, got
+    # Twice stuck_after_s of the freeze with its peers wandering, and ten times its longest
+    # run of a few seconds.
+    assert FREEZE + 120 <= got[0][1] <= FREEZE + 200, got
+
+
+def test_a_die_settling_between_steps_beside_flickering_peers_is_not_frozen() -> None:
+    """Whole-degree sensors with 0.2 degC of noise (tuning zoo-4's kind): node 0's dies sit on a
+    step boundary, so each reading flickers between two values, and GPU 2's die, flickering
+    with them until ``FREEZE``, settles half a degree lower, between two steps, and reads one
+    value from then on. Its peers' readings change every few seconds but never span two
+    steps: dies that close to one step show nothing of how far theirs move."""
+    die = np.full((STEPS, PER_NODE), 60.5)
+    die[FREEZE:, 2] = 60.0
+    got = _stuck(_steady_node(1.0, 0.2, die))
+    assert got == [], got
