@@ -64,7 +64,13 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              of the reading when it froze, stood the bar or more away from
                              it, having moved that way since: dies that share a power
                              history share a heat history, still heating from a job's start
-                             or cooling from its end together.
+                             or cooling from its end together; or for twice
+                             ``stuck_after_s`` of the freeze while three or more of the
+                             node's GPUs at its band of power each read values two of
+                             their sensor's steps apart in every ``_SPAN_WINDOW_S``, and
+                             it has held twice ``stuck_after_s`` and ten times its longest
+                             run at that power (after 30 runs there): no die of that load
+                             covers two steps without crossing one.
                              A sensor is one GPU's part: when the whole node holds its
                              readings, the node is steady or the models misjudge its loop.
                              Judged by the GPU's own response, its own sensor and its peers,
