@@ -61,7 +61,9 @@ def profiles_of(split: str, count: int, heldout_from: int = 0) -> list[int | str
 
 
 def describe(profile: Any) -> str:
-    missing = ",".join(m.removeprefix("fleetpulse_gpu_").split("_")[0] for m in profile.missing)
+    # One name per family of metrics (five nvlink counters read "nvlink" once).
+    missing = ",".join(dict.fromkeys(m.removeprefix("fleetpulse_gpu_").split("_")[0]
+                                     for m in profile.missing))
     return (f"{profile.cooling} tau {profile.die_tau_s:.0f}s, {profile.temp_resolution_c:g}C, "
             f"{profile.hz:g}Hz, {profile.power_limit_w:.0f}W"
             + (f", no {missing}" if missing else ""))
