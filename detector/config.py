@@ -6,8 +6,9 @@ with; ``config/detector.toml`` lists every field.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Final
 
 from detector.engines.base import EngineConfig
 from detector.episodes import EpisodeParams
@@ -184,68 +185,61 @@ class AlertConfig:
                               f"{self.model_severity!r}")
 
 
+_RULES: Final = RuleParams()
+"""The rules' own defaults: the config's are theirs (one place to change one)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RulesConfig:
     """Deterministic health rules (``detector.rules``)."""
 
-    stale_after_s: float = 15.0
+    stale_after_s: float = _RULES.stale_after_s
     """A GPU silent this long while its rack reports is lost."""
     silent_after_s: float = 30.0
     """A node (or a whole rack) that sent nothing this long is silent (``detector.silence``);
     a node whose frames have no reading this long has a blank exporter."""
-    lost_open_after: int = 5
+    lost_open_after: int = _RULES.lost_open_after
     """All-NaN steps before a reporting GPU counts as lost."""
-    slowdown_open_after: int = 3
+    slowdown_open_after: int = _RULES.slowdown_open_after
     """Steps with a slowdown bit before the slowdown rules fire."""
-    stuck_after_s: float = 60.0
+    stuck_after_s: float = _RULES.stuck_after_s
     """A temperature reading unchanged this long ..."""
-    stuck_predicted_c: float = 4.0
+    stuck_predicted_c: float = _RULES.stuck_predicted_c
     """... while the GPU's own thermal model predicts this much change is a stuck sensor."""
-    excess_c: float = 8.0
+    excess_c: float = _RULES.excess_c
     """Degrees above the GPU's thermal prediction and its node peers' ..."""
-    excess_after_s: float = 60.0
+    excess_after_s: float = _RULES.excess_after_s
     """... held this long: the GPU's heat path degraded."""
-    stuck_history_s: float = 1800.0
+    stuck_history_s: float = _RULES.stuck_history_s
     """Seconds learned at a power before the sensor's own longest runs of one value at that
     power are trusted."""
-    peer_excess_c: float = 10.0
+    peer_excess_c: float = _RULES.peer_excess_c
     """A die this far above the median of its node's GPUs that drew its power (now and over
     each candidate lag), beyond its learned seat, for ``excess_after_s``: its heat path
     degraded, judged with no thermal model."""
-    rest_excess_c: float = 6.0
+    rest_excess_c: float = _RULES.rest_excess_c
     """A GPU of a node at rest this far above the node's median beyond its learned place ..."""
-    rest_unlearned_c: float = 8.0
+    rest_unlearned_c: float = _RULES.rest_unlearned_c
     """... or this far above it before its place is learned ..."""
-    rest_settle_s: float = 300.0
+    rest_settle_s: float = _RULES.rest_settle_s
     """... once the whole node has idled this long ..."""
-    rest_learn_s: float = 1800.0
+    rest_learn_s: float = _RULES.rest_learn_s
     """... its place learned over this many seconds at rest: the heat path degraded."""
-    deficit_ratio: float = 0.08
+    deficit_ratio: float = _RULES.deficit_ratio
     """A busy GPU this far below its peers' (or its own best) SM clock with no reason bit ..."""
-    deficit_after_s: float = 60.0
+    deficit_after_s: float = _RULES.deficit_after_s
     """... this long is a straggler."""
-    burst_count: float = 10.0
+    burst_count: float = _RULES.burst_count
     """ECC / link errors within about ``burst_window_s`` that make a burst ..."""
-    burst_window_s: float = 60.0
+    burst_window_s: float = _RULES.burst_window_s
     """... the exponential memory of that count, seconds."""
-    event_hold_s: float = 45.0
+    event_hold_s: float = _RULES.event_hold_s
     """XID / DBE / burst alerts stay open this long after the last occurrence."""
-    state_hold_s: float = 30.0
+    state_hold_s: float = _RULES.state_hold_s
     """State rules resolve after this long clear."""
 
     def params(self) -> RuleParams:
-        return RuleParams(
-            stale_after_s=self.stale_after_s, slowdown_open_after=self.slowdown_open_after,
-            stuck_after_s=self.stuck_after_s, stuck_predicted_c=self.stuck_predicted_c,
-            excess_c=self.excess_c, excess_after_s=self.excess_after_s,
-            peer_excess_c=self.peer_excess_c,
-            stuck_history_s=self.stuck_history_s, rest_excess_c=self.rest_excess_c,
-            rest_unlearned_c=self.rest_unlearned_c, rest_settle_s=self.rest_settle_s,
-            rest_learn_s=self.rest_learn_s, deficit_ratio=self.deficit_ratio,
-            deficit_after_s=self.deficit_after_s,
-            burst_count=self.burst_count, burst_window_s=self.burst_window_s,
-            lost_open_after=self.lost_open_after, event_hold_s=self.event_hold_s,
-            state_hold_s=self.state_hold_s)
+        return RuleParams(**{f.name: getattr(self, f.name) for f in fields(RuleParams)})
 
     def validate(self) -> None:
         if (self.stale_after_s <= 0 or self.silent_after_s <= 0 or self.lost_open_after < 1
