@@ -105,8 +105,9 @@ again with 4dc4d60's forest screen (and since rerun at 5ec9038, 81fe6be and 91d2
 at 8d2ddd7 and at ca43139, 1446-1471 soaked at 8d2ddd7; 1472-1477 zoo-run at 0b781ad (and
 since at 73d6657 and fbc7013), 1478-1481 soaked at 0b781ad (stopped after four parts for
 fbc7013), 1482-1507 soaked at fbc7013 (1496 studied), 1508-1513 zoo-run at fbc7013 and
-73d6657, so the next zoo starts at index 514 (draw 1514), the next soak at index 520 (draw
-1520)."""
+73d6657 (and since at fd7fb75, as 1472-1477), 1514-1519 zoo-run at 654d3c7, 1520-1545
+soaked at fd7fb75, so the next zoo starts at index 546 (draw 1546), the next soak at index
+552 (draw 1552)."""
 
 
 @dataclass(frozen=True, slots=True)
