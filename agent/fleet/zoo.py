@@ -106,8 +106,8 @@ at 8d2ddd7 and at ca43139, 1446-1471 soaked at 8d2ddd7; 1472-1477 zoo-run at 0b7
 since at 73d6657 and fbc7013), 1478-1481 soaked at 0b781ad (stopped after four parts for
 fbc7013), 1482-1507 soaked at fbc7013 (1496 studied), 1508-1513 zoo-run at fbc7013 and
 73d6657 (and since at fd7fb75, as 1472-1477), 1514-1519 zoo-run at 654d3c7, 1520-1545
-soaked at fd7fb75, so the next zoo starts at index 546 (draw 1546), the next soak at index
-552 (draw 1552)."""
+soaked at fd7fb75, 1546-1551 and 1552-1557 zoo-run at b565cd6, so the next zoo starts at
+index 558 (draw 1558), the next soak at index 564 (draw 1564)."""
 
 
 @dataclass(frozen=True, slots=True)
