@@ -666,11 +666,13 @@ class RuleBook:
         # errors while the die holds still), two degrees at least, and this sensor, which
         # has changed value often at this power, never held a value a tenth as long. (An
         # integer sensor at a steady temperature holds one value for hours.)
-        known = (ctx.dwell_s >= p.stuck_history_s) & (self.runs_n[ids, band] >= 30)
-        unlike_itself = (frozen_long & alone & known & receding
-                         & (swing >= np.maximum(2.0, 1.0 + 4.0 * self.stuck_err[ids]))
-                         & (frozen_s >= 2.0 * p.stuck_after_s)
-                         & (frozen_s >= 10.0 * self.run_max_s[ids, band]))
+        # ``outlasted``: held twice ``stuck_after_s`` and ten times the longest of the 30 or
+        # more runs this sensor showed at this power (this path and the next share it).
+        outlasted = ((self.runs_n[ids, band] >= 30) & (frozen_s >= 2.0 * p.stuck_after_s)
+                     & (frozen_s >= 10.0 * self.run_max_s[ids, band]))
+        unlike_itself = (frozen_long & alone & (ctx.dwell_s >= p.stuck_history_s) & outlasted
+                         & receding
+                         & (swing >= np.maximum(2.0, 1.0 + 4.0 * self.stuck_err[ids])))
         # Or unlike its peers at its power, needing no thermal model: three or more of the
         # node's GPUs at its band of power each read values two steps apart within every
         # ``_SPAN_WINDOW_S`` (``_wanders``) for twice ``stuck_after_s`` of the freeze, and
@@ -688,10 +690,7 @@ class RuleBook:
         flowing = (reporting_b >= 3) & (_others(wanders, same_band) == reporting_b)
         flow_s = _in_freeze(self.stuck_flow_s[ids], held, np.where(flowing, dt_s, 0.0))
         self.stuck_flow_s[ids] = flow_s
-        unlike_all = (held & (self.runs_n[ids, band] >= 30)
-                      & (frozen_s >= 2.0 * p.stuck_after_s)
-                      & (frozen_s >= 10.0 * self.run_max_s[ids, band])
-                      & (flow_s >= 2.0 * p.stuck_after_s))
+        unlike_all = held & outlasted & (flow_s >= 2.0 * p.stuck_after_s)
         # Or unlike its node peers, with no thermal model needed: it had run its peers'
         # load for ``rest_settle_s`` when the reading froze (so its die sat where theirs
         # did, not cooling from a job they had not run), their median had settled then,
