@@ -115,12 +115,8 @@ def group_values(spec: GroupSpec, arrays: LevelArrays) -> F64:
 
 def append_groups(store: SeriesStore, tier: str, start: int, sids: I64, bounds: I64,
                   vals: F64) -> None:
-    """One point at ``start`` per series, one store append per group ``[bounds[g], bounds[g+1])``."""
-    ts = np.asarray([start], np.int64)
-    for g in range(bounds.size - 1):
-        a, b = int(bounds[g]), int(bounds[g + 1])
-        if b > a:
-            store.append(tier, sids[a:b], ts, vals[None, a:b])
+    """One point at ``start`` per series, in groups ``[bounds[g], bounds[g+1])``."""
+    store.append_points(tier, start, sids, bounds, vals)
 
 
 def write_groups(store: SeriesStore, tier: str, start: int, spec: GroupSpec,

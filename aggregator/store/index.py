@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from aggregator.store.segment import encode_ids
+
 I64 = npt.NDArray[np.int64]
 
 
@@ -39,6 +41,7 @@ class GroupRegistry:
     def __init__(self) -> None:
         self._by_key: dict[bytes, int] = {}
         self.ids: list[I64] = []
+        self._coded: list[tuple[int, int, bytes] | None] = []
         empty = np.zeros(0, np.int64)
         self._table: tuple[I64, I64, I64] = (empty, empty, empty)
         self._merged = 0
@@ -52,7 +55,16 @@ class GroupRegistry:
             g = len(self.ids)
             self._by_key[key] = g
             self.ids.append(np.array(ids, dtype=np.int64))
+            self._coded.append(None)
         return g
+
+    def coded(self, g: int) -> tuple[int, int, bytes]:
+        """Group ``g``'s ids as a record carries them: (k, form, bytes) of ``encode_ids``."""
+        c = self._coded[g]
+        if c is None:
+            ids = self.ids[g]
+            c = self._coded[g] = (ids.size, *encode_ids(ids))
+        return c
 
     def _sorted_table(self) -> tuple[I64, I64, I64]:
         """(series id, group, column) of every group's series, by series id, then group."""
