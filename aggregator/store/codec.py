@@ -79,6 +79,7 @@ series (:func:`encode_gorilla`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 import numba as nb
@@ -108,6 +109,7 @@ __all__ = [
     "encode_gorilla",
     "encode_group",
     "encode_groups",
+    "encode_ragged",
     "warm_up",
 ]
 
@@ -1206,6 +1208,21 @@ def _enc_groups(ts: np.ndarray, cols: np.ndarray, buf: np.ndarray, offsets: np.n
         offsets[gi + 1] = pos
 
 
+@nb.njit(cache=True, nogil=True)
+def _enc_ragged(ts: np.ndarray, ts_off: np.ndarray, vals: np.ndarray, v_off: np.ndarray,
+                ks: np.ndarray, buf: np.ndarray, offsets: np.ndarray, entropy_on: bool,
+                tab: tuple) -> None:  # pragma: no cover - numba
+    """Groups of any shape into one buffer: group g's ts are ts[ts_off[g]:ts_off[g+1]] and
+    its (k, T) columns vals[v_off[g]:v_off[g+1]], row-major; offsets[G+1] as above."""
+    pos = 0
+    offsets[0] = 0
+    for gi in range(ks.size):
+        t = ts[ts_off[gi]:ts_off[gi + 1]]
+        cols = vals[v_off[gi]:v_off[gi + 1]].reshape(ks[gi], t.size)
+        pos = _enc_group(t, cols, buf, pos, entropy_on, tab)
+        offsets[gi + 1] = pos
+
+
 @nb.njit(cache=True)
 def _dec_header(buf: np.ndarray, pos: int, end: int) -> tuple[int, int, int]:  # pragma: no cover
     if pos >= end or buf[pos] != VERSION:
@@ -1479,6 +1496,34 @@ def encode_groups(ts: npt.ArrayLike, values: npt.ArrayLike, entropy_coded: bool 
     buf = np.zeros(g * _bound(cols.shape[1], n) + PAD, np.uint8)
     offsets = np.zeros(g + 1, np.int64)
     _enc_groups(t, cols, buf, offsets, entropy_coded, entropy.TABLES)
+    return buf[:offsets[-1]], offsets
+
+
+def encode_ragged(ts: Sequence[npt.NDArray[np.int64]], values: Sequence[npt.NDArray[np.float64]]
+                  ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    """Encode groups of any shapes at once: ``ts[g]`` int64[T_g], ``values[g]`` float64
+    (T_g, k_g); returns ``(buffer, offsets)`` as :func:`encode_groups` does. One call for
+    the tens of thousands of small groups a store flushes, each a call of its own before
+    (a one-row group cost more to hand over than to encode)."""
+    if len(ts) != len(values):
+        raise ValueError(f"{len(ts)} timestamp arrays for {len(values)} value arrays")
+    ns = np.fromiter((t.size for t in ts), np.int64, len(ts))
+    ks = np.fromiter((v.shape[1] if v.ndim == 2 else 0 for v in values), np.int64, len(ts))
+    for t, v in zip(ts, values, strict=True):
+        if t.ndim != 1 or v.ndim != 2 or v.shape[0] != t.size:
+            raise ValueError(f"want ts (T,) and values (T, k), got {t.shape} and {v.shape}")
+    ts_off = np.zeros(ns.size + 1, np.int64)
+    np.cumsum(ns, out=ts_off[1:])
+    v_off = np.zeros(ns.size + 1, np.int64)
+    np.cumsum(ns * ks, out=v_off[1:])
+    flat_ts = np.concatenate([np.asarray(t, np.int64) for t in ts]) if len(ts) else \
+        np.zeros(0, np.int64)
+    flat_v = np.concatenate([np.asarray(v, np.float64).T.reshape(-1) for v in values]) \
+        if len(values) else np.zeros(0, np.float64)
+    size = sum(map(_bound, ks.tolist(), ns.tolist()))
+    buf = np.zeros(size + PAD, np.uint8)
+    offsets = np.zeros(ns.size + 1, np.int64)
+    _enc_ragged(flat_ts, ts_off, flat_v, v_off, ks, buf, offsets, False, entropy.TABLES)
     return buf[:offsets[-1]], offsets
 
 

@@ -572,6 +572,49 @@ class SeriesStore:
         seg.records.add(group.gid, int(ts.min()), int(ts.max()), kind, int(group.ts[0]), offset,
                         len(rec))
 
+    def _write_partials(self, tier: str, spec: TierSpec, groups: list[_HeadGroup]) -> None:
+        """What :meth:`_write` does for each group's rows since its last flush, as partial
+        records: encoded in one call, and written with one write per segment. A flush of a
+        31,000-GPU aggregator writes some 50,000 of them, most of one row, and handing each
+        to the codec and the disk alone cost more than encoding it (70 us a record)."""
+        if self.before_write is not None:
+            self.before_write()
+        ts = [g.ts[g.flushed:g.n] for g in groups]
+        buf, offsets = codec.encode_ragged(ts, [g.values[g.flushed:g.n] for g in groups])
+        ends = offsets.tolist()
+        reg = self._groups[tier]
+        by_seg: dict[int, list[int]] = {}
+        for i, g in enumerate(groups):
+            by_seg.setdefault(g.seg_start, []).append(i)
+        for start, members in by_seg.items():
+            seg = self._segment_for_write(tier, spec, start)
+            recs: list[bytes] = []
+            spans: list[tuple[int, int, int, int]] = []
+            for i in members:
+                g, t = groups[i], ts[i]
+                lo, hi = (int(t[0]), int(t[0])) if t.size == 1 else (int(t.min()), int(t.max()))
+                rec = encode_record(KIND_PARTIAL, reg.coded(g.gid), t.size, lo, hi,
+                                    int(g.ts[0]), buf[ends[i]:ends[i + 1]].tobytes())
+                recs.append(rec)
+                spans.append((lo, hi, int(g.ts[0]), len(rec)))
+            data = b"".join(recs)
+            offset = seg.size
+            try:
+                _write_whole(seg.write_fd, data, offset, seg.path)
+            except StoreWriteError as exc:
+                if not self._rewrites:
+                    raise
+                self._drop_rewrites(exc)  # data before compaction: their copies take space
+                _write_whole(seg.write_fd, data, offset, seg.path)
+            seg.size += len(data)
+            seg.dirty = True
+            seg.indexed = False
+            for i, (lo, hi, key, length) in zip(members, spans, strict=True):
+                g = groups[i]
+                seg.records.add(g.gid, lo, hi, KIND_PARTIAL, key, offset, length)
+                offset += length
+                g.flushed = g.n
+
     def _segment_for_write(self, tier: str, spec: TierSpec, start: int) -> _Segment:
         segs = self._segments[tier]
         seg = segs.get(start)
@@ -640,11 +683,9 @@ class SeriesStore:
     def _flush_data(self) -> None:
         self._write_unsealed()
         for tier, head in self._head.items():
-            spec = self.tiers[tier]
-            for group in head.values():
-                if group.n > group.flushed:
-                    self._write(tier, spec, group, KIND_PARTIAL, group.flushed, group.n)
-                    group.flushed = group.n
+            todo = [g for g in head.values() if g.n > g.flushed]
+            if todo:
+                self._write_partials(tier, self.tiers[tier], todo)
         for segs in self._segments.values():
             newest = max(segs) if segs else 0
             for seg in segs.values():
