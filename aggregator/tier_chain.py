@@ -129,13 +129,9 @@ class SketchBlock:
         return SketchBlock(sids[starts], slots[starts], np.add.reduceat(counts, starts))
 
     def write(self, store: SeriesStore, tier: str, start: int) -> None:
-        """One append per sketch series: its buckets as points ``start + slot``."""
-        if not self.sids.size:
-            return
-        cuts = np.flatnonzero(np.diff(self.sids)) + 1
-        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), self.sids.size], strict=True):
-            store.append(tier, self.sids[a:a + 1], start + self.slots[a:b],
-                         self.counts[a:b, None])
+        """Each sketch series its buckets as points ``start + slot``."""
+        if self.sids.size:
+            store.append_series(tier, self.sids, start + self.slots, self.counts)
 
 
 @dataclass(frozen=True, slots=True)

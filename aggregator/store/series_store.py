@@ -427,7 +427,36 @@ class SeriesStore:
                              f"series_ids {ids.shape} (want values (T, k))")
         if t.size == 0:
             return
-        group = self._head_group(tier, spec, ids)
+        self._put(tier, spec, self._head_group(tier, spec, ids), t, v)
+        if self.on_append is not None:
+            self.on_append(tier, ids, t, v)
+
+    def append_series(self, tier: str, series_ids: npt.ArrayLike, ts: npt.ArrayLike,
+                      values: npt.ArrayLike) -> None:
+        """Points of many one-series groups at once: ``series_ids`` int64[n] in runs (each
+        run one series), ``ts`` int64[n] and ``values`` float64[n] beside them. What
+        :meth:`append` does per run, with its checks once: a window's sketches are tens of
+        thousands of one-series groups (bucket counts as points)."""
+        self._check_open()
+        spec = self._spec(tier)
+        ids = np.ascontiguousarray(series_ids, dtype=np.int64)
+        t = np.ascontiguousarray(ts, dtype=np.int64)
+        v = np.ascontiguousarray(values, dtype=np.float64)
+        if ids.ndim != 1 or t.shape != ids.shape or v.shape != ids.shape:
+            raise StoreError(f"shapes disagree: series_ids {ids.shape}, ts {t.shape}, "
+                             f"values {v.shape} (want three arrays of one length)")
+        cuts = (np.flatnonzero(np.diff(ids)) + 1).tolist()
+        for a, b in zip([0, *cuts], [*cuts, ids.size], strict=True):
+            if b > a:
+                one = ids[a:a + 1]
+                rows = v[a:b, None]
+                self._put(tier, spec, self._head_group(tier, spec, one), t[a:b], rows)
+                if self.on_append is not None:
+                    self.on_append(tier, one, t[a:b], rows)
+
+    def _put(self, tier: str, spec: TierSpec, group: _HeadGroup, t: I64, v: F64) -> None:
+        """Rows ``t`` (ascending or not), ``v`` (T, k) into ``group``'s open chunk, sealing it
+        when full or when the rows enter another segment."""
         newest = int(t.max())
         if newest > self._newest.get(tier, newest - 1):
             self._newest[tier] = newest
@@ -451,8 +480,6 @@ class SeriesStore:
                 i += m
                 if group.n >= cap:
                     self._seal(tier, spec, group, may_defer=True)
-        if self.on_append is not None:
-            self.on_append(tier, ids, t, v)
 
     def append_points(self, tier: str, ts: int, series_ids: npt.ArrayLike,
                       bounds: npt.ArrayLike, values: npt.ArrayLike) -> None:
