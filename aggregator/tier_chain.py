@@ -211,7 +211,7 @@ def warm_up() -> None:
 class _Acc:
     """One coarse window being accumulated."""
 
-    __slots__ = ("acc", "have", "layout", "sketch", "start", "touched")
+    __slots__ = ("acc", "folds", "have", "layout", "sketch", "start", "touched")
 
     def __init__(self, start: int, layout: FlatLayout) -> None:
         self.start = start
@@ -220,6 +220,8 @@ class _Acc:
         self.have = np.zeros(layout.sids.size, bool)
         self.touched = False
         self.sketch: list[SketchBlock] = []
+        self.folds = 0
+        """Windows folded in since it was made (what its export depends on)."""
 
     def _adopt(self, layout: FlatLayout) -> None:
         """Move onto a grown layout (new GPUs or metrics appeared mid-window)."""
@@ -238,6 +240,7 @@ class _Acc:
         _fold_dense(self.acc, self.have, pos, win.values, self.layout.ops)
         self.sketch.append(win.sketch)
         self.touched = True
+        self.folds += 1
 
     def finish(self) -> _Window:
         return _Window(self.start, self.layout, np.where(self.have, self.acc, np.nan),
@@ -317,6 +320,8 @@ class TierChain:
         res = {t: store.tiers[t].resolution_ms for t in ROLLUP_TIERS}
         self.tiers = [_Tier(dst, src, res[dst], res[src])
                       for src, dst in itertools.pairwise(ROLLUP_TIERS)]
+        self._exported: list[tuple[_Acc, int, dict[str, Any]] | None] = [None] * len(self.tiers)
+        """Each tier's last export and the window (and its fold count) it was made of."""
 
     def feed(self, start: int, layout: FlatLayout, values: F64, sketch: SketchBlock) -> None:
         """A base window closed (``values`` in ``layout`` order, NaN where not sampled)."""
@@ -332,18 +337,28 @@ class TierChain:
         if self.seeding:
             return None
         out: list[dict[str, Any] | None] = []
-        for t in self.tiers:
+        for k, t in enumerate(self.tiers):
             acc = t.cur
             if acc is None:
                 out.append(None)
                 continue
+            # A coarse window changes only when a finer one is folded in (the hour's once a
+            # minute, the day's once an hour), and exporting one of a 31,000-GPU partition
+            # (every series' accumulator, by entity key) took a few percent of the store
+            # thread at every checkpoint: an unchanged window's export is the last one.
+            last = self._exported[k]
+            if last is not None and last[0] is acc and last[1] == acc.folds:
+                out.append(last[2])
+                continue
             have = np.flatnonzero(acc.have)
             sk = SketchBlock.merge(acc.sketch)
-            out.append({"start": acc.start, "touched": acc.touched,
-                        "sids": sids_to_json(index, acc.layout.sids[have]),
-                        "values": array_to_json(acc.acc[have]),
-                        "sketch": sids_to_json(index, sk.sids),
-                        "slots": array_to_json(sk.slots), "counts": array_to_json(sk.counts)})
+            state = {"start": acc.start, "touched": acc.touched,
+                     "sids": sids_to_json(index, acc.layout.sids[have]),
+                     "values": array_to_json(acc.acc[have]),
+                     "sketch": sids_to_json(index, sk.sids),
+                     "slots": array_to_json(sk.slots), "counts": array_to_json(sk.counts)}
+            self._exported[k] = (acc, acc.folds, state)
+            out.append(state)
         return out
 
     def restore(self, state: list[dict[str, Any] | None], index: EntityIndex) -> int:
