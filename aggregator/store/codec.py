@@ -1707,3 +1707,4 @@ def warm_up() -> None:
                     np.asarray([0, 2], np.int64), np.asarray([1, 3], np.int64))
     buf, offsets = encode_groups(t.reshape(1, -1), values.reshape(1, 16, 5))
     decode_groups(buf, offsets, 5, 16)
+    encode_ragged([t, t[:1]], [values, values[:1]])  # what a flush writes
