@@ -80,6 +80,10 @@ _DAY: Final = 24 * _HOUR
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
+_FLUSH_BATCH: Final = 2048
+"""Groups a flush encodes and writes at once: a whole tier at a time held a copy of every
+unflushed row, its encoding and its records at once (half a GB more peak memory at
+31,000 GPUs); this many keeps the calls few and the copies small."""
 _Rec = tuple[int, int, int, int, int, bytes]
 """A record compaction writes: group, t_min, t_max, kind, chunk key, the framed bytes."""
 
@@ -711,8 +715,8 @@ class SeriesStore:
         self._write_unsealed()
         for tier, head in self._head.items():
             todo = [g for g in head.values() if g.n > g.flushed]
-            if todo:
-                self._write_partials(tier, self.tiers[tier], todo)
+            for i in range(0, len(todo), _FLUSH_BATCH):
+                self._write_partials(tier, self.tiers[tier], todo[i:i + _FLUSH_BATCH])
         for segs in self._segments.values():
             newest = max(segs) if segs else 0
             for seg in segs.values():
