@@ -98,10 +98,16 @@ def measure(gpus: int, seconds: int) -> dict[str, Any]:
 
 
 def _in_subprocess(root: Path, gpus: int, seconds: int) -> dict[str, Any]:
+    # Run as a file from ``root`` (``-c``: the working directory first on sys.path, not
+    # this file's folder, whose agent.py would shadow the agent package).
+    code = ("import runpy, sys; sys.argv = sys.argv[1:]; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
     env = dict(os.environ, PYTHONPATH=str(root))
-    out = subprocess.run([sys.executable, __file__, "--measure", "--gpus", str(gpus),
-                          "--seconds", str(seconds)], env=env, cwd=root, check=True,
+    out = subprocess.run([sys.executable, "-c", code, __file__, "--measure", "--gpus",
+                          str(gpus), "--seconds", str(seconds)], env=env, cwd=root,
                          capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"the measurement in {root} failed:\n{out.stderr[-3000:]}")
     import orjson
     result: dict[str, Any] = orjson.loads(out.stdout.strip().splitlines()[-1])
     return result
