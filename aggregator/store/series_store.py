@@ -586,22 +586,28 @@ class SeriesStore:
             self.before_write()
         ts = group.ts[a:b]
         blob = codec.encode_group(ts, group.values[a:b])
-        rec = encode_record(kind, self._groups[tier].coded(group.gid), b - a, int(ts.min()), int(ts.max()),
-                            int(group.ts[0]), blob)
+        rec = encode_record(kind, self._groups[tier].coded(group.gid), b - a, int(ts.min()),
+                            int(ts.max()), int(group.ts[0]), blob)
         seg = self._segment_for_write(tier, spec, group.seg_start)
+        offset = self._append_to(seg, rec)
+        seg.records.add(group.gid, int(ts.min()), int(ts.max()), kind, int(group.ts[0]), offset,
+                        len(rec))
+
+    def _append_to(self, seg: _Segment, data: bytes) -> int:
+        """Append whole records to ``seg`` (once more after dropping compaction's copies if
+        the disk refused); returns the offset they start at."""
         offset = seg.size
         try:
-            _write_whole(seg.write_fd, rec, offset, seg.path)
+            _write_whole(seg.write_fd, data, offset, seg.path)
         except StoreWriteError as exc:
             if not self._rewrites:
                 raise
             self._drop_rewrites(exc)  # data before compaction: their copies take space
-            _write_whole(seg.write_fd, rec, offset, seg.path)
-        seg.size += len(rec)
+            _write_whole(seg.write_fd, data, offset, seg.path)
+        seg.size += len(data)
         seg.dirty = True
         seg.indexed = False
-        seg.records.add(group.gid, int(ts.min()), int(ts.max()), kind, int(group.ts[0]), offset,
-                        len(rec))
+        return offset
 
     def _write_partials(self, tier: str, spec: TierSpec, groups: list[_HeadGroup]) -> None:
         """What :meth:`_write` does for each group's rows since its last flush, as partial
@@ -628,18 +634,7 @@ class SeriesStore:
                                     int(g.ts[0]), buf[ends[i]:ends[i + 1]].tobytes())
                 recs.append(rec)
                 spans.append((lo, hi, int(g.ts[0]), len(rec)))
-            data = b"".join(recs)
-            offset = seg.size
-            try:
-                _write_whole(seg.write_fd, data, offset, seg.path)
-            except StoreWriteError as exc:
-                if not self._rewrites:
-                    raise
-                self._drop_rewrites(exc)  # data before compaction: their copies take space
-                _write_whole(seg.write_fd, data, offset, seg.path)
-            seg.size += len(data)
-            seg.dirty = True
-            seg.indexed = False
+            offset = self._append_to(seg, b"".join(recs))
             for i, (lo, hi, key, length) in zip(members, spans, strict=True):
                 g = groups[i]
                 seg.records.add(g.gid, lo, hi, KIND_PARTIAL, key, offset, length)
