@@ -1,6 +1,7 @@
 """The aggregator's rack stage and store on one thread at fleet scale, without Kafka.
 
     python -m benchmarks.rack_stage --gpus 31000 --seconds 100 [--baseline DIR] [--runs 2]
+                                    [--cycle-s 10]
 
 The load test (``benchmarks.ingest``) runs every stage and the broker on one machine, so
 what one process costs shows there only through the others' noise (one commit's runs spread
@@ -8,8 +9,9 @@ by 1.2-1.9x). This one times what the aggregator's store thread does, alone and
 deterministically: the synthetic fleet's frames (``ticks_per_frame`` 5, 12 partitions
 keyed by rack, made before the clock starts) go through ``RackStage.process`` in batches of
 2,000 messages, every window closes as it falls due (no close budget: the same work in
-every run), and every 10 s of data the store is flushed and every partition checkpointed,
-as the service's durability cycle does. The first quarter of the data is warm-up (GPUs
+every run), and every ``--cycle-s`` of data (10 s, a multiple of the frames' 5 s) the store
+is flushed and every partition checkpointed, as the service's durability cycle does every
+``commit_interval_ms``. The first quarter of the data is warm-up (GPUs
 and groups appearing, the first windows); CPU seconds are counted over the rest.
 
 With ``--baseline DIR`` (a checkout of another commit, e.g. a ``git worktree``), the same
@@ -37,7 +39,7 @@ PARTITIONS = 12
 TICKS_PER_FRAME = 5
 
 
-def measure(gpus: int, seconds: int) -> dict[str, Any]:
+def measure(gpus: int, seconds: int, cycle_s: int = 10) -> dict[str, Any]:
     """CPU seconds per million metrics of the rack stage + store (imports done here, so a
     subprocess with another checkout first on ``sys.path`` measures that one)."""
     import aggregator.rack_stage as rack_stage
@@ -84,7 +86,7 @@ def measure(gpus: int, seconds: int) -> dict[str, Any]:
                 cpu = time.process_time()
             for a in range(0, len(msgs), 2_000):
                 stage.process(msgs[a:a + 2_000])
-            if i % 2 == 1:  # every 10 s of data: the durability cycle
+            if (i + 1) % (cycle_s // TICKS_PER_FRAME) == 0:  # the durability cycle
                 store.flush()
                 for p in sorted(stage.parts):
                     checkpoint_bytes(stage.checkpoint(p))
@@ -97,14 +99,15 @@ def measure(gpus: int, seconds: int) -> dict[str, Any]:
             "maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
-def _in_subprocess(root: Path, gpus: int, seconds: int) -> dict[str, Any]:
+def _in_subprocess(root: Path, gpus: int, seconds: int, cycle_s: int) -> dict[str, Any]:
     # Run as a file from ``root`` (``-c``: the working directory first on sys.path, not
     # this file's folder, whose agent.py would shadow the agent package).
     code = ("import runpy, sys; sys.argv = sys.argv[1:]; "
             "runpy.run_path(sys.argv[0], run_name='__main__')")
     env = dict(os.environ, PYTHONPATH=str(root))
     out = subprocess.run([sys.executable, "-c", code, __file__, "--measure", "--gpus",
-                          str(gpus), "--seconds", str(seconds)], env=env, cwd=root,
+                          str(gpus), "--seconds", str(seconds), "--cycle-s", str(cycle_s)],
+                         env=env, cwd=root,
                          capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"the measurement in {root} failed:\n{out.stderr[-3000:]}")
@@ -124,25 +127,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seconds", type=int, default=100)
     ap.add_argument("--baseline", type=Path, help="a checkout of the commit to compare with")
     ap.add_argument("--runs", type=int, default=2, help="runs of each, alternating")
+    ap.add_argument("--cycle-s", type=int, default=10,
+                    help="seconds of data between durability cycles (a multiple of 5)")
     ap.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.seconds < 4 * 2 * TICKS_PER_FRAME:
         ap.error("--seconds must be at least 40 (a quarter is warm-up)")
+    if args.cycle_s < TICKS_PER_FRAME or args.cycle_s % TICKS_PER_FRAME:
+        ap.error(f"--cycle-s must be a multiple of {TICKS_PER_FRAME}")
     if args.measure:
         import orjson
-        print(orjson.dumps(measure(args.gpus, args.seconds)).decode())
+        print(orjson.dumps(measure(args.gpus, args.seconds, args.cycle_s)).decode())
         return
     here = Path(__file__).resolve().parent.parent
     sides = {"this": here} | ({"baseline": args.baseline.resolve()} if args.baseline else {})
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in sides}
     for _ in range(args.runs):
         for name, root in sides.items():
-            runs[name].append(_in_subprocess(root, args.gpus, args.seconds))
+            runs[name].append(_in_subprocess(root, args.gpus, args.seconds, args.cycle_s))
             print(f"{name} ({_commit(root)}): {runs[name][-1]}", file=sys.stderr)
     result: dict[str, Any] = {
         "gpus": args.gpus, "seconds": args.seconds, "partitions": PARTITIONS,
+        "cycle_s": args.cycle_s,
         "commits": {k: _commit(root) for k, root in sides.items()}, "runs": runs,
         "cpu_s_per_million": {k: float(np.median([r["cpu_s_per_million"] for r in v]))
                               for k, v in runs.items()}}
