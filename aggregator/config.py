@@ -38,10 +38,10 @@ class AggregatorConfig:
     commit interval too). Each flush writes one record per group with new points, and each
     checkpoint carries every partition's running 1 m / 1 h / 1 d windows (about 15 MB a
     partition, 180 MB a cycle, at 31,000 GPUs), so a longer interval is cheaper: at 31,000
-    GPUs the rack stage and store cost 0.85 CPU-s per million metrics with a cycle every
-    10 s of data, 0.67 every 30 s (``benchmarks.rack_stage``'s loop, 2026-12-06; at 30,000
-    GPUs 2 s had cost 0.80, 10 s 0.65 with the code of then). What it costs is replay after
-    a crash: up to this much more data is read again from Kafka."""
+    GPUs the rack stage and store cost 0.93 CPU-s per million metrics with a cycle every
+    10 s of data, 0.66 every 30 s (``benchmarks.rack_stage --cycle-s``, two runs each,
+    2026-12-06; at 30,000 GPUs 2 s had cost 0.80, 10 s 0.65 with the code of then). What it
+    costs is replay after a crash: up to this much more data is read again from Kafka."""
     max_batch: int = 2_000
     """Messages per poll."""
     samples_partitions: int = 8
