@@ -1507,11 +1507,11 @@ def encode_ragged(ts: Sequence[npt.NDArray[np.int64]], values: Sequence[npt.NDAr
     (a one-row group cost more to hand over than to encode)."""
     if len(ts) != len(values):
         raise ValueError(f"{len(ts)} timestamp arrays for {len(values)} value arrays")
-    ns = np.fromiter((t.size for t in ts), np.int64, len(ts))
-    ks = np.fromiter((v.shape[1] if v.ndim == 2 else 0 for v in values), np.int64, len(ts))
     for t, v in zip(ts, values, strict=True):
         if t.ndim != 1 or v.ndim != 2 or v.shape[0] != t.size:
             raise ValueError(f"want ts (T,) and values (T, k), got {t.shape} and {v.shape}")
+    ns = np.fromiter((t.size for t in ts), np.int64, len(ts))
+    ks = np.fromiter((v.shape[1] for v in values), np.int64, len(ts))
     ts_off = np.zeros(ns.size + 1, np.int64)
     np.cumsum(ns, out=ts_off[1:])
     v_off = np.zeros(ns.size + 1, np.int64)
