@@ -469,21 +469,33 @@ class SeriesStore:
         bounds = [0, *cuts.tolist(), t.size]
         cap = self._chunk(spec)
         for a, b in itertools.pairwise(bounds):
-            seg = int(seg_of[a])
-            if group.n and group.seg_start != seg:
-                self._seal(tier, spec, group, may_defer=True)
-            group.seg_start = seg
+            self._enter_segment(tier, spec, group, int(seg_of[a]))
             i = a
             while i < b:
-                if group.n == group.ts.size:
-                    group.grow(min(cap, 2 * group.ts.size))
-                m = min(group.ts.size - group.n, b - i)
+                m = min(self._room(group, cap), b - i)
                 group.ts[group.n:group.n + m] = t[i:i + m]
                 group.values[group.n:group.n + m] = v[i:i + m]
                 group.n += m
                 i += m
-                if group.n >= cap:
-                    self._seal(tier, spec, group, may_defer=True)
+                self._seal_if_full(tier, spec, group, cap)
+
+    def _enter_segment(self, tier: str, spec: TierSpec, group: _HeadGroup, seg: int) -> None:
+        """Rows of segment ``seg`` come next: a chunk never spans two segments, so one
+        holding rows of another is sealed first."""
+        if group.n and group.seg_start != seg:
+            self._seal(tier, spec, group, may_defer=True)
+        group.seg_start = seg
+
+    @staticmethod
+    def _room(group: _HeadGroup, cap: int) -> int:
+        """Free rows in ``group``'s open chunk, grown (doubling, up to ``cap``) when full."""
+        if group.n == group.ts.size:
+            group.grow(min(cap, 2 * group.ts.size))
+        return group.ts.size - group.n
+
+    def _seal_if_full(self, tier: str, spec: TierSpec, group: _HeadGroup, cap: int) -> None:
+        if group.n >= cap:
+            self._seal(tier, spec, group, may_defer=True)
 
     def append_points(self, tier: str, ts: int, series_ids: npt.ArrayLike,
                       bounds: npt.ArrayLike, values: npt.ArrayLike) -> None:
@@ -513,16 +525,12 @@ class SeriesStore:
             if b == a:
                 continue
             group = self._head_group(tier, spec, ids[a:b])
-            if group.n and group.seg_start != seg:
-                self._seal(tier, spec, group, may_defer=True)
-            group.seg_start = seg
-            if group.n == group.ts.size:
-                group.grow(min(cap, 2 * group.ts.size))
+            self._enter_segment(tier, spec, group, seg)
+            self._room(group, cap)
             group.ts[group.n] = t
             group.values[group.n] = v[a:b]
             group.n += 1
-            if group.n >= cap:
-                self._seal(tier, spec, group, may_defer=True)
+            self._seal_if_full(tier, spec, group, cap)
         if self.on_append is not None:
             self.on_append(tier, ids, np.asarray([t], np.int64), v[None, :])
 
