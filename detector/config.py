@@ -126,8 +126,8 @@ class RackModelConfig:
     """Rack heat rule: the rack's GPUs run this much hotter than their thermal models, on
     average ..."""
     heat_after_s: float = 60.0
-    """... for this long, gathered faster the hotter it runs (a quarter of it at four times
-    ``heat_excess_c``; it resolves at the first window below half of it)."""
+    """... for this long, gathered faster the hotter it runs (a quarter of it at twice
+    ``heat_excess_c`` or more; it resolves at the first window below half of it)."""
     heat_baseline_s: float = 3600.0
     """... above the rack's own baseline, learned over this many seconds from the windows near
     it: the models' lag on an inlet that drifts with the day (at most about 1 degC an hour)

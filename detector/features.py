@@ -312,15 +312,18 @@ def gather_evidence(before: npt.NDArray[np.float64], on: npt.NDArray[np.bool_],
 def evidence_rate(excess: npt.NDArray[np.float64], bar: npt.NDArray[np.float64] | float
                   ) -> npt.NDArray[np.float64]:
     """Seconds of evidence a second of a condition adds, by how far past its bar it stands:
-    the bar counts its time, more counts proportionally more, four times at most, so no rule
-    waits less than a quarter of its hold. A die 30 degC over its model or a clock at half
-    its peers' is no borderline case, and a rule's hold is there for those. Each bar already
-    stands past what healthy GPUs reach (the heat bars at twice the widest healthy spread),
-    so a GPU half as far again past it is that much plainer: counted from twice the bar
-    (76cb2ab), a clock at 74 % of its peers' (three times its bar) took 40 s (tuning draw
-    zoo-2), 20 s now."""
+    the bar counts its time, more counts as the square of the ratio, four times at most, so
+    no rule waits less than a quarter of its hold. A die 30 degC over its model or a clock at
+    half its peers' is no borderline case, and a rule's hold is there for those. The square
+    is how evidence of a shift grows in a sequential test (a CUSUM's log-likelihood gain per
+    sample, and so its time to alarm, goes with the shift squared over the noise): each bar
+    already stands past what healthy GPUs reach (the heat bars at twice the widest healthy
+    spread), so a GPU half as far again past it is that much plainer. Counted from twice
+    the bar (76cb2ab), a clock at 74 % of its peers' (three times its bar) took 40 s (tuning
+    draw zoo-2); linearly from the bar (8d2ddd7) 20 s; a straggler at 86 % (1.75 bars) took
+    35.5 s linearly and 21 s squared (tuning draws zoo-10, zoo-11)."""
     ratio = np.abs(excess) / np.asarray(bar, dtype=np.float64)
-    return np.clip(np.nan_to_num(ratio, nan=1.0, posinf=4.0), 1.0, 4.0)
+    return np.clip(np.nan_to_num(ratio, nan=1.0, posinf=2.0) ** 2, 1.0, 4.0)
 
 
 def node_median(values: npt.NDArray[np.float64], inv: npt.NDArray[np.intp]

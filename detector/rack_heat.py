@@ -9,7 +9,7 @@ residuals, degC, of the GPUs whose model judges them (that is, has learned the p
 run at), so three quarters of them run that much hotter than their models. It opens once
 that has stayed at ``excess_c`` or more for ``after_s``, gathered as the per-GPU rules
 gather their holds (``features.evidence_rate``): a window at the bar counts its ten
-seconds, one at twice the bar twenty, four times or more forty, so a rack whose inlet lost
+seconds, one at one and a half bars 22.5, twice the bar or more forty, so a rack whose inlet lost
 20 degC of cooling, once its dies have heated, pages in a quarter of the time a borderline
 one needs. A workload cannot produce it: a job that starts or ends moves power, which the
 models account for, and where the models of a node or a job share a mistake (a lag they

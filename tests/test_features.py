@@ -10,6 +10,7 @@ from detector.features import (
     FEATURES,
     GATHERED,
     FeatureState,
+    evidence_rate,
     gather,
     group_median,
     group_quantile,
@@ -80,6 +81,14 @@ def test_peer_features_single_out_the_straggler() -> None:
     feats, _ = st.step(np.arange(8), row, np.zeros(8, dtype=np.int64), 1000)
     assert feats[3, F["util_vs_node"]] == 10.0
     assert np.all(np.delete(feats[:, F["util_vs_node"]], 3) == 0.0)
+
+
+def test_evidence_counts_as_the_square_of_how_far_past_its_bar_a_condition_stands() -> None:
+    # Below or at the bar (and an unknown distance) one second is one second; 1.5 bars count
+    # 2.25 s (a sequential test's evidence grows with the shift squared); from two bars on,
+    # four (no rule waits under a quarter of its hold).
+    got = evidence_rate(np.array([4.0, 8.0, -12.0, 16.0, 40.0, np.nan, np.inf]), 8.0)
+    np.testing.assert_allclose(got, [1.0, 1.0, 2.25, 4.0, 4.0, 1.0, 4.0])
 
 
 def test_group_median_handles_runs_and_nan() -> None:
