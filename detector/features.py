@@ -309,8 +309,8 @@ def gather_evidence(before: npt.NDArray[np.float64], on: npt.NDArray[np.bool_],
     return np.where(on, np.where(before > 0, before + gain_s, 1e-9), faded)
 
 
-def evidence_rate(excess: npt.NDArray[np.float64], bar: npt.NDArray[np.float64] | float
-                  ) -> npt.NDArray[np.float64]:
+def evidence_rate(excess: npt.NDArray[np.float64], bar: npt.NDArray[np.float64] | float,
+                  exponent: float = 2.0) -> npt.NDArray[np.float64]:
     """Seconds of evidence a second of a condition adds, by how far past its bar it stands:
     the bar counts its time, more counts as the square of the ratio, four times at most, so
     no rule waits less than a quarter of its hold. A die 30 degC over its model or a clock at
@@ -321,9 +321,14 @@ def evidence_rate(excess: npt.NDArray[np.float64], bar: npt.NDArray[np.float64] 
     spread), so a GPU half as far again past it is that much plainer. Counted from twice
     the bar (76cb2ab), a clock at 74 % of its peers' (three times its bar) took 40 s (tuning
     draw zoo-2); linearly from the bar (8d2ddd7) 20 s; a straggler at 86 % (1.75 bars) took
-    35.5 s linearly and 21 s squared (tuning draws zoo-10, zoo-11)."""
+    35.5 s linearly and 21 s squared (tuning draws zoo-10, zoo-11).
+
+    ``exponent`` 1 counts proportionally (as before d61974b), for a quantity that is not a
+    measurement in noise: ``temperature_stuck``'s model paths judge how far the thermal
+    models' predictions moved, whose error is the model's (a lag it has wrong) and does not
+    average out over time (``rules.STUCK_EVIDENCE_EXPONENT``)."""
     ratio = np.abs(excess) / np.asarray(bar, dtype=np.float64)
-    return np.clip(np.nan_to_num(ratio, nan=1.0, posinf=2.0) ** 2, 1.0, 4.0)
+    return np.clip(np.nan_to_num(ratio, nan=1.0, posinf=4.0) ** exponent, 1.0, 4.0)
 
 
 def node_median(values: npt.NDArray[np.float64], inv: npt.NDArray[np.intp]

@@ -284,6 +284,13 @@ _LOAD_LAG_S: Final = 15.0
 """Time scale of the power a load is told by (``temperature_stuck``'s peer path): long enough
 to smooth a training rhythm or pipeline bubbles, short enough to follow a job's start."""
 _LOAD_LAG: Final = int(np.flatnonzero(TAUS_S == _LOAD_LAG_S)[0])
+STUCK_EVIDENCE_EXPONENT: Final = 1.0
+"""How ``temperature_stuck``'s model paths gather their hold past the bar: in proportion
+(``features.evidence_rate``), not as the square the rules that measure a shift in noise use.
+How far the models' predictions moved is the models' own figure; a lag they have wrong
+errs the same way step after step, so a wide swing is no plainer than a narrow one. Counted
+squared, a held-out soak paged a healthy whole-degree air die at 0.2 Hz (zoo-1571, d61974b),
+which the proportional count does not."""
 CAP_HOLDS: Final = 0.95
 """Share of where a power cap holds a GPU (its capped peers' power, or its limit) it must draw
 for a power-cap bit to explain a low clock. Power read at the cap sits within a few percent
@@ -632,7 +639,8 @@ class RuleBook:
         # The time counts faster the wider the swing (``features.evidence_rate``): a die that a
         # lag of minutes puts 16 degC off has moved a whole degree in a quarter of that lag.
         swung_s = gather_evidence(self.stuck_swung_s[ids], past, ~past,
-                                  evidence_rate(swing, bar) * dt_s, dt_s, p.stuck_after_s)
+                                  evidence_rate(swing, bar, STUCK_EVIDENCE_EXPONENT) * dt_s,
+                                  dt_s, p.stuck_after_s)
         self.stuck_swung_s[ids] = swung_s
         swung = held & alone & past & receding & (swung_s >= p.stuck_after_s)
         # Or every plausible lag now puts the die ``bar`` degrees or more off the held
@@ -657,7 +665,8 @@ class RuleBook:
         away = ok & agreed & ~models_swing & (np.abs(off) >= bar) & (np.abs(rel) >= bar) & (
             np.sign(rel) == np.sign(off))
         off_s = _in_freeze(self.stuck_off_s[ids], held,
-                           np.where(away, evidence_rate(off, bar) * dt_s, 0.0))
+                           np.where(away, evidence_rate(off, bar, STUCK_EVIDENCE_EXPONENT)
+                                    * dt_s, 0.0))
         self.stuck_off_s[ids] = off_s
         stayed = held & (off_s >= p.stuck_after_s)
         # Or unlike itself: the lags expect the reading to wander by more than a whole-degree
@@ -805,7 +814,8 @@ class RuleBook:
         left = held & (np.abs(went) >= bar) & (np.abs(gap) >= bar) & (
             np.sign(went) == np.sign(gap))
         left_s = _in_freeze(self.stuck_left_s[ids], held,
-                            np.where(left, evidence_rate(gap, bar) * dt_s, 0.0))
+                            np.where(left, evidence_rate(gap, bar, STUCK_EVIDENCE_EXPONENT)
+                                     * dt_s, 0.0))
         self.stuck_left_s[ids] = left_s
         drifted = frozen_long & alone & (left_s >= p.stuck_after_s)
         cond[:, 5] = swung | stayed | unlike_itself | unlike_all | behind | around | drifted

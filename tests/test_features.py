@@ -87,8 +87,10 @@ def test_evidence_counts_as_the_square_of_how_far_past_its_bar_a_condition_stand
     # Below or at the bar (and an unknown distance) one second is one second; 1.5 bars count
     # 2.25 s (a sequential test's evidence grows with the shift squared); from two bars on,
     # four (no rule waits under a quarter of its hold).
-    got = evidence_rate(np.array([4.0, 8.0, -12.0, 16.0, 40.0, np.nan, np.inf]), 8.0)
-    np.testing.assert_allclose(got, [1.0, 1.0, 2.25, 4.0, 4.0, 1.0, 4.0])
+    far = np.array([4.0, 8.0, -12.0, 16.0, 40.0, np.nan, np.inf])
+    np.testing.assert_allclose(evidence_rate(far, 8.0), [1.0, 1.0, 2.25, 4.0, 4.0, 1.0, 4.0])
+    # In proportion, for a figure that is no measurement in noise (a model's predicted swing).
+    np.testing.assert_allclose(evidence_rate(far, 8.0, 1.0), [1.0, 1.0, 1.5, 2.0, 4.0, 1.0, 4.0])
 
 
 def test_group_median_handles_runs_and_nan() -> None:
