@@ -133,8 +133,9 @@ Every window is in seconds of event time, so a rule means the same at 0.2 Hz and
 Where a hold is gathered as evidence (``clock_deficit``, both ``thermal_excess`` paths that
 gather, the thermal-model paths of ``temperature_stuck``), a step counts for more the further
 past its bar the GPU stands: at the bar a second counts a second, one and a half bars 2.25
-seconds, twice the bar or more four (the square of the ratio, capped: ``features.evidence_rate``),
-so the plainest faults page in a quarter of the hold.
+seconds, twice the bar or more four (the square of the ratio, capped: ``features.evidence_rate``;
+in proportion for ``temperature_stuck``, ``STUCK_EVIDENCE_EXPONENT``), so the plainest faults
+page in a quarter of the hold.
 
 All of it is vector operations over the GPUs of a step; the state is a few arrays per rule.
 """
