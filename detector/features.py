@@ -130,7 +130,9 @@ class RuleContext:
     """Which node of this step each GPU is on (0..nodes-1), for judging a GPU by its peers."""
     power_smoothed_w: npt.NDArray[np.float64]
     """(G, lags) each GPU's power smoothed with every candidate lag (the thermal models'
-    own): the heat its die has taken in over each time scale it may follow."""
+    own): the heat its die has taken in over each time scale it may follow ..."""
+    power_w: npt.NDArray[np.float64]
+    """... and with the lag its model chose (W), the measure of ``power_bin``."""
 
 
 # The catalog metrics the detector reads, in the column order of ``gather``'s output.
@@ -426,7 +428,7 @@ class FeatureState:
         band, dwell = self.thermal.power_bin(ids)
         return RuleContext(self.last_pred[ids], self.last_cand[ids], self.last_plaus[ids],
                            self.thermal.error_c(ids), excess, lag_excess, ref, band, dwell, inv,
-                           self.thermal.ema[ids])
+                           self.thermal.ema[ids], self.thermal.smoothed_w(ids))
 
     def step(
         self,

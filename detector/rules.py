@@ -302,6 +302,10 @@ MIN_REST_PEERS: Final = 4
 """GPUs of a node at rest (the judged one included) for their median to judge: one hot die
 among three others cannot move it."""
 _SPAN_WINDOW_S: Final = 30.0
+_STILL_W: Final = 100.0
+"""How far a GPU's smoothed power may move in a window of ``_SPAN_WINDOW_S`` for its readings'
+span to count as wandering at one load (``RuleBook._wanders``): one band of power of the
+thermal models' dwell."""
 """Windows a die's wandering is measured in (``temperature_stuck``'s path of peers that keep
 moving): short against any die's lag under a steady load, long enough for a few readings."""
 _SEAT_BAND_W: Final = 100.0
@@ -359,7 +363,7 @@ class RuleBook:
               "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
               "stuck_flips", "stuck_like0", "stuck_w0", "stuck_fit_ms", "stuck_fit_bin",
               "stuck_fit0", "stuck_drawn0", "stuck_left_s", "stuck_flow_s",
-              "temp_step_c", "span_ms", "span_lo", "span_hi", "span_c",
+              "temp_step_c", "span_ms", "span_lo", "span_hi", "span_c", "span_pw_lo", "span_pw_hi", "span_still",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s",
               "peer_offset", "peer_learned_s", "peer_hot_since_ms",
@@ -453,8 +457,13 @@ class RuleBook:
         self.span_lo = np.zeros(0)
         self.span_hi = np.zeros(0)
         """... the range of the readings in it ..."""
+        self.span_pw_lo = np.zeros(0)
+        self.span_pw_hi = np.zeros(0)
+        """... the range of its power smoothed with its chosen lag in it ..."""
         self.span_c = np.zeros(0)
-        """... and that range in the last whole window (0: none)."""
+        self.span_still = np.zeros(0, dtype=bool)
+        """... and in the last whole window, the range of the readings (0: none) and whether
+        that power moved less than ``_STILL_W``."""
         self.run_max_s = np.zeros((0, DWELL_BINS))
         """Longest run of identical readings this sensor showed, per band of power (decaying
         over a day) ..."""
@@ -554,7 +563,7 @@ class RuleBook:
         # so each one that ends ages the record by its own length.
         decay = np.exp(-np.maximum(run_s, 0.0) / 86_400.0)
         band = ctx.power_bin
-        wanders = self._wanders(ids, temp, ts_ms)
+        wanders = self._wanders(ids, temp, ctx.power_w, ts_ms)
         runs = self.run_max_s[ids, band]
         self.run_max_s[ids, band] = np.where(ended, np.maximum(runs * decay, run_s), runs)
         self.runs_n[ids, band] += ended
@@ -684,17 +693,23 @@ class RuleBook:
                          & receding
                          & (swing >= np.maximum(2.0, 1.0 + 4.0 * self.stuck_err[ids])))
         # Or unlike its peers at its power, needing no thermal model: three or more of the
-        # node's GPUs at its band of power each read values two steps apart within every
-        # ``_SPAN_WINDOW_S`` (``_wanders``) for twice ``stuck_after_s`` of the freeze, and
-        # this sensor, which has changed value 30 times at this power, holds one for twice
-        # ``stuck_after_s`` and ten times its longest run here. Dies of one node at one
+        # node's GPUs at its band of power, at one load (``_STILL_W``), each read values two
+        # steps apart within every ``_SPAN_WINDOW_S`` (``_wanders``) for twice
+        # ``stuck_after_s`` of the freeze, and this sensor, which has changed value 30 times
+        # at this power, holds one for twice ``stuck_after_s`` and ten times its longest run
+        # here. Dies of one node at one
         # power share its rhythm and inlet: where each of theirs wanders two steps, a range
         # no die can cover without crossing a step, a die of the same load crosses one too.
         # (Tuning zoo-7: air, 7.6 s dies, half-degree steps, 350 W; held at 56.5 degC for 13
         # minutes while its peers' readings wandered a degree or more every half minute,
         # and no lag the model could rule out swung enough to accuse it.) Peers flickering
         # between two values say nothing: whole degrees on a steady cold plate flicker
-        # where a die sits near a step and hold where it sits between (tuning zoo-4).
+        # where a die sits near a step and hold where it sits between (tuning zoo-4). Nor do
+        # peers whose load moved in the window: a held-out soak paged twice on a
+        # pipeline-parallel node whose GPUs each dipped to 130 W for a bubble in turn
+        # (zoo-1584: air, 2.8 s dies, whole degrees); a stage without bubbles held 52 degC
+        # at 600 W, as a fast die at a steady load does, while its peers' readings spanned
+        # degrees in every window with their own dips.
         same_band = ctx.node * DWELL_BINS + band
         reporting_b = _others(has_temp, same_band)
         flowing = (reporting_b >= 3) & (_others(wanders, same_band) == reporting_b)
@@ -948,11 +963,13 @@ class RuleBook:
         return cond, val
 
     def _wanders(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
-                 ts_ms: int) -> npt.NDArray[np.bool_]:
+                 power_w: npt.NDArray[np.float64], ts_ms: int) -> npt.NDArray[np.bool_]:
         """Whether each GPU's readings spanned two of its sensor's steps in its last whole
-        window of ``_SPAN_WINDOW_S``: a range no die covers without crossing a step,
-        wherever it sits. Called before the reading is stored (``stuck_temp`` is the last
-        one), to learn the step."""
+        window of ``_SPAN_WINDOW_S``, a range no die covers without crossing a step wherever
+        it sits, at one load: the power its die took in (``power_w``, smoothed with the lag
+        its model chose) moved less than ``_STILL_W`` in that window. A die whose load changed inside the window moved with it, and says nothing
+        of how a die at one load wanders. Called before the reading is stored
+        (``stuck_temp`` is the last one), to learn the step."""
         has = np.isfinite(temp)
         change = np.abs(temp - self.stuck_temp[ids])
         changed = has & np.isfinite(change) & (change > 1e-6)
@@ -964,11 +981,16 @@ class RuleBook:
         span = np.where(whole, self.span_hi[ids] - self.span_lo[ids],
                         np.where(has, self.span_c[ids], 0.0))
         self.span_c[ids] = span
+        moved = self.span_pw_hi[ids] - self.span_pw_lo[ids]
+        still = np.where(whole, moved < _STILL_W, has & self.span_still[ids])
+        self.span_still[ids] = still
         fresh = has & ((start == 0) | whole)
+        self.span_pw_lo[ids] = np.where(fresh, power_w, np.fmin(self.span_pw_lo[ids], power_w))
+        self.span_pw_hi[ids] = np.where(fresh, power_w, np.fmax(self.span_pw_hi[ids], power_w))
         self.span_ms[ids] = np.where(has, np.where(fresh, ts_ms, start), 0)
         self.span_lo[ids] = np.where(fresh, temp, np.fmin(self.span_lo[ids], temp))
         self.span_hi[ids] = np.where(fresh, temp, np.fmax(self.span_hi[ids], temp))
-        return has & (step > 0) & (span >= 1.99 * step)
+        return has & (step > 0) & (span >= 1.99 * step) & still
 
     def _steady_under_swing(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
                             pred: npt.NDArray[np.float64], ts_ms: int) -> npt.NDArray[np.bool_]:

@@ -70,3 +70,30 @@ def test_a_die_settling_between_steps_beside_flickering_peers_is_not_frozen() ->
     die[FREEZE:, 2] = 60.0
     got = _stuck(_steady_node(1.0, 0.2, die))
     assert got == [], got
+
+
+def test_a_steady_stage_beside_peers_whose_readings_follow_their_bubbles_is_not_frozen() -> None:
+    """Whole-degree sensors with no noise on fast dies (2.8 s; held-out zoo-1584's kind), a
+    pipeline node at 600 W whose GPUs each dip to 130 W for 6 s in turn: every peer's reading
+    spans degrees in each half minute, with its own dips. GPU 2's stage runs without bubbles
+    from ``FREEZE`` on and its die, at one steady load, reads one value: healthy. Its peers'
+    readings moved with their load, so they say nothing of how a die at one load wanders."""
+    x = _steady_node(1.0, 0.0, np.full((STEPS, PER_NODE), 52.0))
+    t = np.arange(STEPS)
+    power = np.full((STEPS, PER_NODE), 600.0)
+    for g in range(PER_NODE):
+        dip = (t + 3 * g) % 24 < 6
+        if g == 2:
+            dip &= t < FREEZE
+        power[dip, g] = 130.0
+    die = np.empty_like(power)
+    die[0] = 30.0 + 0.037 * power[0]
+    keep = np.exp(-1.0 / 2.8)
+    for s in range(1, STEPS):
+        die[s] = die[s - 1] * keep + (30.0 + 0.037 * power[s]) * (1.0 - keep)
+    x[:, :PER_NODE, COL["power_usage_watts"]] = power
+    x[:, :PER_NODE, COL["utilization_ratio"]] = np.where(power > 300, 0.95, 0.2)
+    x[:, :PER_NODE, COL["temperature_celsius"]] = np.round(die)
+    x[:, :PER_NODE, COL["memory_temperature_celsius"]] = np.round(die + 5)
+    assert np.ptp(x[FREEZE + 5:, 2, COL["temperature_celsius"]]) == 0
+    assert _stuck(x) == []
