@@ -276,7 +276,9 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
         outside = int(normal[np.ix_(gsel, np.arange(a, b))].sum())
         if outside:
             fpr_steps[e.source] = fpr_steps.get(e.source, 0) + outside
-        if not excused[np.ix_(gsel, np.arange(a, max(b, a + 1)))].any():
+        # An episode that opens at the last sample (or later: a rule's hold ends past the
+        # data) is judged by the last step.
+        if not excused[np.ix_(gsel, np.arange(min(a, t - 1), min(max(b, a + 1), t)))].any():
             false_eps.append(e)
     false_incidents = len(incidents_of(false_eps, rack))
     false_by_source: dict[str, int] = {}

@@ -96,6 +96,18 @@ def test_overlapping_false_episodes_on_one_rack_are_one_incident() -> None:
                                              "rule:thermal_slowdown": 2}
 
 
+def test_an_episode_that_opens_at_the_last_sample_is_scored() -> None:
+    """A baseline's episode may open at the last sample or past it (held-out zoo-1592's MAD
+    baseline did, and the zoo stopped with an IndexError)."""
+    fleet = _fleet()
+    r = evaluate(fleet, [Episode(np.array([0]), 999.0, 999.0, "mad"),
+                         Episode(np.array([2]), 1005.0, 1010.0, "mad"),
+                         Episode(np.array([6]), 999.0, 1005.0, "mad")], cold_start_s=100.0)
+    # GPUs 0 and 2 (rack 0, no fault near the end) are one false incident; GPU 6's opens on
+    # rack 1 long after its stuck sensor's grace ended (800 + 60 s): another.
+    assert r["false_incidents"] == 2
+
+
 def test_poisson_upper_bound() -> None:
     # Zero events in an exposure bound the rate by about 3 / exposure (the rule of three).
     assert abs(poisson_upper(0) - 2.996) < 1e-3
