@@ -365,7 +365,8 @@ class RuleBook:
               "stuck_fit0", "stuck_drawn0", "stuck_left_s", "stuck_flow_s",
               "temp_step_c", "span_ms", "span_lo", "span_hi", "span_c", "span_pw_lo", "span_pw_hi", "span_still",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
-              "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s",
+              "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s", "rest_peak_c",
+              "rest_floor_c",
               "peer_offset", "peer_learned_s", "peer_hot_since_ms",
               "deficit_evidence_s", "cap_held_w",
               "burst", "steady_lo", "steady_hi", "steady_since_ms", "steady_pmin",
@@ -487,7 +488,12 @@ class RuleBook:
         """... and the seconds at rest it was learned from."""
         self.rest_evidence_s = np.zeros(0)
         """Seconds of steps it has read hot for its place at rest (fading, see
-        ``_hot_at_rest``)."""
+        ``_hot_at_rest``) ..."""
+        self.rest_peak_c = np.zeros(0)
+        """... the most it read above its place since that evidence held (0: it has not) ..."""
+        self.rest_floor_c = np.zeros(0)
+        """... and the least since it cooled a bar below that peak, while it is not cool
+        again (0: none)."""
         self.peer_offset = np.zeros((0, DWELL_BINS))
         """Its usual reading above the median of its node's GPUs that drew its power, per
         band of power (``_SEAT_BAND_W``): its seat ..."""
@@ -1071,18 +1077,35 @@ class RuleBook:
         # half the bar keeps it.
         before = self.rest_evidence_s[ids]
         held_long = before >= p.excess_after_s
-        hot = judged & (above >= np.where(held_long, 0.5 * bar, bar))
+        # It ends once the die has cooled a whole bar below the most it read: a die at rest
+        # holds its heat, so one that sheds a bar of it is cooling back with its thermal lag
+        # from a trouble that is over. Waiting for it to read cool kept a held-out hot idle
+        # open for minutes past its end (zoo-1558: liquid, 103 s dies, +25 degC; its 30 s
+        # hold closed it 173 s after the trouble ended). Then, as ``rack_heat`` does, it
+        # must rise a bar above the least it read since (``rest_floor_c``) to gather again:
+        # a die still cooling from 25 degC above its place is the same recovery, not a new
+        # fault, until it reads cool.
+        floor = np.where(judged & (above < 0.5 * bar), 0.0,
+                         np.where(judged & (self.rest_floor_c[ids] > 0),
+                                  np.fmin(self.rest_floor_c[ids], np.maximum(above, 0.0)),
+                                  self.rest_floor_c[ids]))
+        hot = judged & (above >= np.where(held_long, 0.5 * bar, bar)) & (above >= floor + bar)
         cleared = judged & (above < 0.5 * bar)
         evidence = gather_evidence(before, hot, cleared, evidence_rate(above, bar) * dt_s,
                                    dt_s, p.excess_after_s)
-        self.rest_evidence_s[ids] = evidence
+        held = evidence >= p.excess_after_s
+        peak = np.where(held, np.fmax(self.rest_peak_c[ids], above), 0.0)
+        cooled = held & judged & (above <= peak - bar)
+        self.rest_evidence_s[ids] = np.where(cooled, 0.0, evidence)
+        self.rest_peak_c[ids] = np.where(cooled, 0.0, peak)
+        self.rest_floor_c[ids] = np.where(cooled, np.maximum(above, 0.0), floor)
         # Learn the place from readings that look like one: near what was learned, or
         # (before anything is) within the learned bar of the median, so a hot die is not
         # taken for a warm seat.
         near = np.abs(above) < np.where(learned, 0.5 * p.rest_excess_c, p.rest_excess_c)
         self.rest_offset[ids], self.rest_learned_s[ids] = _learn_place(
             offset, self.rest_learned_s[ids], dev, judged & ~hot & near, dt_s, p.rest_learn_s)
-        return hot & (evidence >= p.excess_after_s), np.where(judged, dev, 0.0)
+        return hot & held & ~cooled, np.where(judged, dev, 0.0)
 
     def _hot_beside_peers(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
                           power: npt.NDArray[np.float64], drawn_med: npt.NDArray[np.float64],

@@ -147,3 +147,41 @@ def test_a_hot_idle_die_that_flickers_under_the_bar_is_found_and_a_warm_one_is_n
     assert node([7.0] * 20 + [8.0] * 5) == []
     # A step below half the bar starts the evidence over.
     assert node([8.0] * 50 + [3.0]) == []
+
+
+def test_a_hot_idle_that_ends_resolves_as_its_die_cools_and_is_not_raised_again() -> None:
+    """+25 degC on a die of 100 s at rest from step 900 to 1500, on one GPU of each node: it
+    reads hot for minutes after the trouble ends, cooling with its lag. Once it has cooled a
+    bar below the most it read the alert ends (not once it reads cool, three minutes later),
+    and the rest of that cooling does not raise it again; on node 1, a second trouble from
+    step 1600 that heats the die a bar above where it had cooled to is raised."""
+    steps, temp = 2000, COL["temperature_celsius"]
+    shard, ids, nodes = _shard()
+    data = _resting(steps, 16)
+    t = np.arange(steps, dtype=np.float64)
+    rise = 25.0 * (1.0 - np.exp(-np.clip(t - 900.0, 0.0, None) / 100.0))
+    heat = np.where(t < 1500, rise, rise[1500] * np.exp(-(t - 1500.0) / 100.0))
+    again = heat + np.where(t < 1600, 0.0, 15.0 * (1.0 - np.exp(-(t - 1600.0) / 20.0)))
+    data[:, 3, temp] = np.round(data[:, 3, temp] + heat)
+    data[:, 11, temp] = np.round(data[:, 11, temp] + again)
+    got = shard.process(ids, nodes, timestamps(steps), data)
+    t0 = timestamps(1)[0]
+
+    def seen(gpu: str) -> list[tuple[AlertState, int]]:
+        return [(a.state, ((a.updated_ms if a.state is AlertState.RESOLVED else a.started_ms)
+                           - t0) // 1000)
+                for a in got if a.source == "rule:thermal_excess" and a.entity.endswith(gpu)]
+
+    once = seen("node-0/gpu-3")
+    assert [s for s, _ in once] == [AlertState.FIRING, AlertState.RESOLVED], once
+    # Cooled 8 degC (the unlearned bar) from about 25 within 40 s of the end, then the 30 s
+    # hold; it read cool (under half the bar) only about 180 s after the end.
+    assert 1500 < once[1][1] <= 1580, once
+    twice = seen("node-1/gpu-3")
+    # Still 9 degC hot when the second trouble starts: raised once it stands the bar above
+    # that, and its evidence is gathered. (Its die keeps shedding the first trouble's heat
+    # under the second's, and once the sum is a bar below its peak that ends the second
+    # alert too: two troubles minutes apart on one die read as one that eased.)
+    assert [s for s, _ in twice][:3] == [AlertState.FIRING, AlertState.RESOLVED,
+                                         AlertState.FIRING], twice
+    assert 1600 < twice[2][1] <= 1720, twice
