@@ -67,7 +67,8 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              or cooling from its end together; or for twice
                              ``stuck_after_s`` of the freeze while three or more of the
                              node's GPUs at its band of power each read values two of
-                             their sensor's steps apart in every ``_SPAN_WINDOW_S``, and
+                             their sensor's steps apart in every ``_SPAN_WINDOW_S`` at one
+                             load (smoothed power within ``_STILL_W``), and
                              it has held twice ``stuck_after_s`` and ten times its longest
                              run at that power (after 30 runs there): no die of that load
                              covers two steps without crossing one.
@@ -98,7 +99,8 @@ thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's
                              reads ``rest_excess_c`` above its resting node's median beyond
                              its own learned place there (``rest_unlearned_c`` before one is
                              learned), while the whole node (four GPUs or more) has idled
-                             ``rest_settle_s``, for ``excess_after_s`` (``RuleBook._hot_at_rest``).
+                             ``rest_settle_s``, for ``excess_after_s``; it ends once the die
+                             has cooled a bar below the most it read (``RuleBook._hot_at_rest``).
                              And with no thermal model: a die ``peer_excess_c`` above the
                              median of its node's GPUs that drew its power now and smoothed
                              over each candidate lag (three or more), beyond its seat learned
