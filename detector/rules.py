@@ -100,7 +100,7 @@ thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's
                              its own learned place there (``rest_unlearned_c`` before one is
                              learned), while the whole node (four GPUs or more) has idled
                              ``rest_settle_s``, for ``excess_after_s``; it ends once the die
-                             has cooled a bar below the most it read (``RuleBook._hot_at_rest``).
+                             has shed half the most it read (``RuleBook._hot_at_rest``).
                              And with no thermal model: a die ``peer_excess_c`` above the
                              median of its node's GPUs that drew its power now and smoothed
                              over each candidate lag (three or more), beyond its seat learned
@@ -494,8 +494,8 @@ class RuleBook:
         self.rest_peak_c = np.zeros(0)
         """... the most it read above its place since that evidence held (0: it has not) ..."""
         self.rest_floor_c = np.zeros(0)
-        """... and the least since it cooled a bar below that peak, while it is not cool
-        again (0: none)."""
+        """... and the least since it shed half of that peak, while it is not cool again (0:
+        none)."""
         self.peer_offset = np.zeros((0, DWELL_BINS))
         """Its usual reading above the median of its node's GPUs that drew its power, per
         band of power (``_SEAT_BAND_W``): its seat ..."""
@@ -1079,14 +1079,15 @@ class RuleBook:
         # half the bar keeps it.
         before = self.rest_evidence_s[ids]
         held_long = before >= p.excess_after_s
-        # It ends once the die has cooled a whole bar below the most it read: a die at rest
-        # holds its heat, so one that sheds a bar of it is cooling back with its thermal lag
-        # from a trouble that is over. Waiting for it to read cool kept a held-out hot idle
-        # open for minutes past its end (zoo-1558: liquid, 103 s dies, +25 degC; its 30 s
-        # hold closed it 173 s after the trouble ended). Then, as ``rack_heat`` does, it
-        # must rise a bar above the least it read since (``rest_floor_c``) to gather again:
-        # a die still cooling from 25 degC above its place is the same recovery, not a new
-        # fault, until it reads cool.
+        # It ends once the die has shed half the most it read, as ``rack_heat`` ends: a die
+        # at rest holds its heat, so one that has lost half of it is cooling back with its
+        # thermal lag from a trouble that is over, while one that eases less and stays (a
+        # fan that caught up in part) is still in trouble. Waiting for it to read cool kept
+        # a held-out hot idle open for minutes past its end (zoo-1558: liquid, 103 s dies,
+        # +25 degC; its 30 s hold closed it 173 s after the trouble ended). Then, as
+        # ``rack_heat`` does, it must rise a bar above the least it read since
+        # (``rest_floor_c``) to gather again: a die still cooling from 25 degC above its
+        # place is the same recovery, not a new fault, until it reads cool.
         floor = np.where(judged & (above < 0.5 * bar), 0.0,
                          np.where(judged & (self.rest_floor_c[ids] > 0),
                                   np.fmin(self.rest_floor_c[ids], np.maximum(above, 0.0)),
@@ -1097,10 +1098,12 @@ class RuleBook:
                                    dt_s, p.excess_after_s)
         held = evidence >= p.excess_after_s
         peak = np.where(held, np.fmax(self.rest_peak_c[ids], above), 0.0)
-        cooled = held & judged & (above <= peak - bar)
+        cooled = held & judged & (above <= 0.5 * peak)
         self.rest_evidence_s[ids] = np.where(cooled, 0.0, evidence)
         self.rest_peak_c[ids] = np.where(cooled, 0.0, peak)
-        self.rest_floor_c[ids] = np.where(cooled, np.maximum(above, 0.0), floor)
+        # ... and a trouble that has risen over it and held is judged as any other.
+        self.rest_floor_c[ids] = np.where(cooled, np.maximum(above, 0.0),
+                                          np.where(held, 0.0, floor))
         # Learn the place from readings that look like one: near what was learned, or
         # (before anything is) within the learned bar of the median, so a hot die is not
         # taken for a warm seat.
