@@ -107,10 +107,12 @@ since at 73d6657 and fbc7013), 1478-1481 soaked at 0b781ad (stopped after four p
 fbc7013), 1482-1507 soaked at fbc7013 (1496 studied), 1508-1513 zoo-run at fbc7013 and
 73d6657 (and since at fd7fb75, as 1472-1477), 1514-1519 zoo-run at 654d3c7, 1520-1545
 soaked at fd7fb75, 1546-1551 and 1552-1557 zoo-run at b565cd6, 1558-1563 zoo-run at
-6396e28 and d61974b (1558 studied), 1564-1589 soaked at d61974b. The draws now run to 1998
-(every draw below 1600 is the one it was; 999 of them, so no seed, 1000 on, is also an index
-and a seed given as ``--zoo-heldout-from`` is still refused), so the next zoo starts at index
-590 (draw 1590), the next soak at index 596 (draw 1596)."""
+6396e28 and d61974b (1558 studied), 1564-1589 soaked at d61974b (1571 and 1584 studied).
+The draws now run to 1998 (every draw below 1600 is the one it was; 999 of them, so no seed,
+1000 on, is also an index and a seed given as ``--zoo-heldout-from`` is still refused).
+1590-1591 zoo-run at 12f2852 (the run stopped at 1592 on a scoring IndexError, b769438),
+1590-1595 zoo-run at ef57bfa (1590 studied), 1596-1621 soaked at ef57bfa, so the next zoo
+starts at index 622 (draw 1622), the next soak at index 628 (draw 1628)."""
 
 
 @dataclass(frozen=True, slots=True)
