@@ -304,12 +304,12 @@ MIN_REST_PEERS: Final = 4
 """GPUs of a node at rest (the judged one included) for their median to judge: one hot die
 among three others cannot move it."""
 _SPAN_WINDOW_S: Final = 30.0
+"""Windows a die's wandering is measured in (``temperature_stuck``'s path of peers that keep
+moving): short against any die's lag under a steady load, long enough for a few readings."""
 _STILL_W: Final = 100.0
 """How far a GPU's smoothed power may move in a window of ``_SPAN_WINDOW_S`` for its readings'
 span to count as wandering at one load (``RuleBook._wanders``): one band of power of the
 thermal models' dwell."""
-"""Windows a die's wandering is measured in (``temperature_stuck``'s path of peers that keep
-moving): short against any die's lag under a steady load, long enough for a few readings."""
 _SEAT_BAND_W: Final = 100.0
 """Bands of power a die's seat among its peers is learned in (it grows with the power)."""
 
@@ -365,10 +365,11 @@ class RuleBook:
               "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
               "stuck_flips", "stuck_like0", "stuck_w0", "stuck_fit_ms", "stuck_fit_bin",
               "stuck_fit0", "stuck_drawn0", "stuck_left_s", "stuck_flow_s",
-              "temp_step_c", "span_ms", "span_lo", "span_hi", "span_c", "span_pw_lo", "span_pw_hi", "span_still",
+              "temp_step_c", "span_ms", "span_lo", "span_hi", "span_c", "span_pw_lo",
+              "span_pw_hi", "span_still",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
-              "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s", "rest_peak_c",
-              "rest_floor_c",
+              "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s",
+              "rest_peak_c", "rest_floor_c",
               "peer_offset", "peer_learned_s", "peer_hot_since_ms",
               "deficit_evidence_s", "cap_held_w",
               "burst", "steady_lo", "steady_hi", "steady_since_ms", "steady_pmin",
@@ -705,9 +706,9 @@ class RuleBook:
         # steps apart within every ``_SPAN_WINDOW_S`` (``_wanders``) for twice
         # ``stuck_after_s`` of the freeze, and this sensor, which has changed value 30 times
         # at this power, holds one for twice ``stuck_after_s`` and ten times its longest run
-        # here. Dies of one node at one
-        # power share its rhythm and inlet: where each of theirs wanders two steps, a range
-        # no die can cover without crossing a step, a die of the same load crosses one too.
+        # here. Dies of one node at one power share its rhythm and inlet: where each of
+        # theirs wanders two steps, a range no die can cover without crossing a step, a die
+        # of the same load crosses one too.
         # (Tuning zoo-7: air, 7.6 s dies, half-degree steps, 350 W; held at 56.5 degC for 13
         # minutes while its peers' readings wandered a degree or more every half minute,
         # and no lag the model could rule out swung enough to accuse it.) Peers flickering
@@ -975,9 +976,10 @@ class RuleBook:
         """Whether each GPU's readings spanned two of its sensor's steps in its last whole
         window of ``_SPAN_WINDOW_S``, a range no die covers without crossing a step wherever
         it sits, at one load: the power its die took in (``power_w``, smoothed with the lag
-        its model chose) moved less than ``_STILL_W`` in that window. A die whose load changed inside the window moved with it, and says nothing
-        of how a die at one load wanders. Called before the reading is stored
-        (``stuck_temp`` is the last one), to learn the step."""
+        its model chose) moved less than ``_STILL_W`` in that window. A die whose load
+        changed inside the window moved with it, and says nothing of how a die at one load
+        wanders. Called before the reading is stored (``stuck_temp`` is the last one), to
+        learn the step."""
         has = np.isfinite(temp)
         change = np.abs(temp - self.stuck_temp[ids])
         changed = has & np.isfinite(change) & (change > 1e-6)
