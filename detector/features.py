@@ -425,10 +425,10 @@ class FeatureState:
         busy = np.bincount(inv, weights=np.isfinite(busy_clock).astype(np.float64))
         ref = np.where(busy[inv] >= 3, node_median(busy_clock, inv),
                        np.where(self.max_clock[ids] > 0, self.max_clock[ids], np.nan))
-        band, dwell = self.thermal.power_bin(ids)
+        band, dwell, power_w = self.thermal.power_bin(ids)
         return RuleContext(self.last_pred[ids], self.last_cand[ids], self.last_plaus[ids],
                            self.thermal.error_c(ids), excess, lag_excess, ref, band, dwell, inv,
-                           self.thermal.ema[ids], self.thermal.smoothed_w(ids))
+                           self.thermal.ema[ids], power_w)
 
     def step(
         self,

@@ -289,16 +289,14 @@ class ThermalModels:
                       resid, pred, cand, plaus, np.empty(len(TAUS_S)))
         return resid, pred, cand, plaus
 
-    def power_bin(self, ids: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64],
-                                                              npt.NDArray[np.float64]]:
-        """The band of smoothed power each GPU is in now, and the seconds learned in it."""
-        pe = self.smoothed_w(ids)
+    def power_bin(self, ids: npt.NDArray[np.int64]
+                  ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64],
+                             npt.NDArray[np.float64]]:
+        """The band of smoothed power each GPU is in now, the seconds learned in it, and that
+        power (W, smoothed with the GPU's chosen lag: the heat its die is taking in)."""
+        pe = np.asarray(self.ema[ids, self.best[ids]], dtype=np.float64)
         b = np.clip((pe / _DWELL_BIN_W).astype(np.int64), 0, _DWELL_BINS - 1)
-        return b, self.dwell[ids, b]
-
-    def smoothed_w(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-        """Each GPU's power smoothed with its chosen lag: the heat its die is taking in."""
-        return np.asarray(self.ema[ids, self.best[ids]], dtype=np.float64)
+        return b, self.dwell[ids, b], pe
 
     def error_c(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         """Each GPU's usual prediction error, degC: the mean absolute error on readings
