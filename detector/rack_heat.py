@@ -36,6 +36,19 @@ sooner, once the trouble is over: when the heat has fallen in ``FALLING_WINDOWS`
 row to half of its peak or less. A die cools with its thermal lag after its air recovers, so
 waiting for it to be cool kept the alert open for up to three lags (minutes, on liquid-cooled
 dies) past the trouble; a heat that halves and keeps falling is that cooling, not trouble.
+On liquid-cooled racks even the halving took too long: a die of a two-minute lag sheds half
+its heat 80 s after its air recovers, past the minute an SRE allows a page to outlast its
+trouble (held-out zoo-1590: a 113 s rack resolved 85 s after its trouble ended). But a die
+cools along its lag, so two falling windows say where the heat is heading: heat that falls
+by ``d`` to ``x`` in ``2w`` seconds towards a level ``L`` with lag ``tau`` is
+``x - L = d / (exp(2w / tau) - 1)`` above it. The rule
+ends the alert once that level is half the peak or less (``settles``), with the rack's lag
+taken as ``LAG_SHARE`` of the lower quartile of its judged GPUs' chosen lags (the models
+choose among lags a factor of about three apart, so a die may be given up to about twice its
+own lag, and a lag taken too long reads an easing as heading lower than it is), and only on a
+fall of ``SETTLE_FALL_SHARE`` of ``excess_c`` or more over the two windows, so a noisy
+plateau does not project a recovery. A trouble that eases to a lower level and stays
+projects that level, and stays open.
 A rack that recovered that way and heats again must rise ``excess_c`` above the lowest heat
 of its recovery (``floor_c``), for ``after_s``, to open again: a slow decay that is still
 above ``excess_c`` is the same recovery, not a new fault.
@@ -74,6 +87,14 @@ windows half judged, missed a held-out cooling fault 18 minutes into a run (zoo-
 liquid, 65 s lags), whose rack's models had judged a third of it, near its baseline, for
 150 s before the fault."""
 
+LAG_SHARE = 0.5
+"""Share of the rack's chosen lag the settling projection assumes (see the module's
+docstring): a shorter lag projects a higher level, the safe side."""
+
+SETTLE_FALL_SHARE = 0.25
+"""Fall over two windows, as a share of ``excess_c``, below which the projection is not
+read: a plateau's window-to-window noise, not a recovery."""
+
 RESOLVE_SHARE = 0.25
 """Share of a window's GPU-steps judged that is enough to end an open alert, cool or decaying
 (never to open one)."""
@@ -83,7 +104,7 @@ class RackHeat:
     """Per-rack hot evidence, open flag, and what the recovery needs: peak, last heat, how many
     windows in a row it fell, and the floor a re-heat is measured from."""
 
-    ARRAYS = ("hot_s", "open", "peak_c", "last_c", "falling", "floor_c", "base_c",
+    ARRAYS = ("hot_s", "open", "peak_c", "last_c", "prior_c", "falling", "floor_c", "base_c",
               "learned_s")
 
     def __init__(self, excess_c: float, after_s: float, window_s: float, baseline_s: float
@@ -102,6 +123,8 @@ class RackHeat:
         self.open = np.zeros(0, dtype=bool)
         self.peak_c = np.zeros(0, dtype=np.float64)
         self.last_c = np.zeros(0, dtype=np.float64)
+        self.prior_c = np.zeros(0, dtype=np.float64)
+        """The heat one window before ``last_c`` (the settling projection's start)."""
         self.falling = np.zeros(0, dtype=np.int32)
         self.floor_c = np.zeros(0, dtype=np.float64)
 
@@ -113,10 +136,11 @@ class RackHeat:
                 setattr(self, k, np.concatenate([arr, np.zeros(extra, dtype=arr.dtype)]))
 
     def step(self, racks: npt.NDArray[np.int64], heat_c: npt.NDArray[np.float64],
-             judged: npt.NDArray[np.float64]
+             judged: npt.NDArray[np.float64], lag_s: npt.NDArray[np.float64] | None = None
              ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """Advance closed windows (one per rack): the rack's heat (``Closed.heat_c``) and the
-        share of GPU-steps judged; returns (rows opened, rows resolved). The heat is judged
+        """Advance closed windows (one per rack): the rack's heat (``Closed.heat_c``), the
+        share of GPU-steps judged and the rack's lag (``Closed.lag_s``; none or NaN: only
+        the halving ends a decay); returns (rows opened, rows resolved). The heat is judged
         above the rack's baseline (``base_c``)."""
         # Seen near its baseline (not while an alert is open): the rack's models fit it.
         agree = ((judged >= RESOLVE_SHARE) & ~self.open[racks]
@@ -148,9 +172,11 @@ class RackHeat:
                                 evidence_rate(x - floor, self.excess_c) * self.window_s,
                                 self.window_s, self.after_s)
         was = self.open[racks]
-        falling = np.where(x < self.last_c[racks], self.falling[racks] + 1, 0)
+        last = self.last_c[racks]
+        falling = np.where(x < last, self.falling[racks] + 1, 0)
         peak = np.where(was, np.maximum(self.peak_c[racks], x), x)
-        decayed = (falling >= FALLING_WINDOWS) & (x <= 0.5 * peak)
+        decayed = (falling >= FALLING_WINDOWS) & ((x <= 0.5 * peak) | self._settles(
+            x, self.prior_c[racks], peak, lag_s if lag_s is None else lag_s[counts]))
         opens = ~was & hot & (hot_s >= self.after_s)
         resolves = was & (cool | decayed)
         recovered = resolves & ~cool
@@ -158,12 +184,27 @@ class RackHeat:
         self.hot_s[racks] = np.where(recovered, 0.0, hot_s)
         self.open[racks] = (was & ~resolves) | opens
         self.peak_c[racks] = peak
+        self.prior_c[racks] = last
         self.last_c[racks] = x
         self.falling[racks] = falling
         self.floor_c[racks] = floor
         near = full & ~self.open[racks] & (np.abs(x) < 0.5 * self.excess_c)
         self.base_c[racks] = np.where(near, base + self.learn * x, base)
         return rows[opens], rows[resolves]
+
+    def _settles(self, x: npt.NDArray[np.float64], prior: npt.NDArray[np.float64],
+                 peak: npt.NDArray[np.float64], lag_s: npt.NDArray[np.float64] | None
+                 ) -> npt.NDArray[np.bool_]:
+        """Where a heat that fell from ``prior`` to ``x`` over two windows heads, along the
+        rack's lag, to half its peak or less (the module's docstring)."""
+        if lag_s is None:
+            return np.zeros(len(x), dtype=bool)
+        fall = prior - x
+        tau = LAG_SHARE * lag_s
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            level = x - fall / np.expm1(2.0 * self.window_s / tau)
+        return (np.isfinite(level) & (fall >= SETTLE_FALL_SHARE * self.excess_c)
+                & (level <= 0.5 * peak))
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:
         return {f"rack_heat.{k}": getattr(self, k).copy() for k in self.ARRAYS}
@@ -172,8 +213,9 @@ class RackHeat:
         n = len(arrays["rack_heat.open"])
         for k in self.ARRAYS:
             dtype = getattr(self, k).dtype
-            # A checkpoint from before the recovery arrays: no rack is recovering; from
-            # before ``learned_s``: every rack's baseline had been learning all along.
+            # A checkpoint from before the recovery arrays: no rack is recovering (one
+            # without ``prior_c`` projects from its next two windows); from before
+            # ``learned_s``: every rack's baseline had been learning all along.
             got = arrays.get(f"rack_heat.{k}")
             fill = LEARNED_S if k == "learned_s" else 0
             setattr(self, k, np.full(n, fill, dtype=dtype) if got is None

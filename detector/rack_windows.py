@@ -18,7 +18,9 @@ Beside them each window keeps the rack heat rule's own figure (``Closed.heat_c``
 GPUs whose thermal model judged them in the window (it has learned the power they run at),
 each one's mean residual, degC, and of those the lower quartile: three quarters of the
 rack's judged GPUs run at least that much hotter than their models. And the share of the
-window's GPU-steps that were judged. The forest's residual feature averages every warm
+window's GPU-steps that were judged, and the lower quartile of those GPUs' thermal lags
+(``Closed.lag_s``: how fast the rack's dies follow their air, which tells the rule how a
+recovering rack's heat settles). The forest's residual feature averages every warm
 model at any power; that is fine for a score learned over the rack's history, but a figure
 that a rule compares with a fixed 4 degC must not include a model's guess at a power it
 never saw, which is what a whole rack's young models make together when a job moves them
@@ -33,6 +35,7 @@ read 4.4 degC with the other half of it within a degree of their models.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Final, NamedTuple
 
 import numpy as np
@@ -76,6 +79,10 @@ class Closed(NamedTuple):
     (``HEAT_QUANTILE``); NaN where none was judged."""
     judged: npt.NDArray[np.float64]
     """Share of the window's GPU-steps whose model judged them."""
+    lag_s: npt.NDArray[np.float64]
+    """Lower quartile (``HEAT_QUANTILE``) of the judged GPUs' thermal lags, s, as their
+    models chose them when the window closed; NaN where none was judged or no lags were
+    given."""
 
 
 class RackWindows:
@@ -116,10 +123,13 @@ class RackWindows:
             self.gpu_heat_counts = np.concatenate([self.gpu_heat_counts, np.zeros((extra, 2))])
 
     def add(self, rack_ids: npt.NDArray[np.int64], gpu_ids: npt.NDArray[np.int64],
-            feats: npt.NDArray[np.float32], judged_c: npt.NDArray[np.float64], ts_ms: int
+            feats: npt.NDArray[np.float32], judged_c: npt.NDArray[np.float64], ts_ms: int,
+            lag_of: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.float64]] | None = None
             ) -> Closed:
         """Add one step of GPU features (rows of GPUs ``gpu_ids`` in racks ``rack_ids``) and
-        each GPU's judged residual (degC, NaN where its model does not judge it).
+        each GPU's judged residual (degC, NaN where its model does not judge it);
+        ``lag_of`` gives GPUs' thermal lags, s (``ThermalModels.tau_s``), read only for the
+        windows that close.
 
         Returns the windows this step closed.
         """
@@ -146,7 +156,7 @@ class RackWindows:
         c = self.counts[out_racks, slot]
         out_feats = (self.sums[out_racks, slot] / np.maximum(c, 1.0)[:, None]
                      * np.asarray(RACK_WEIGHTS)).astype(np.float32)
-        out_heat = self._heat(out_racks, cur[closing], slot)
+        out_heat, out_lag = self._heat(out_racks, cur[closing], slot, lag_of)
         out_judged = self.heat_counts[out_racks, slot] / np.maximum(c, 1.0)
         fresh = ~late & (cur != w)
         self.win[racks[fresh], slot] = w
@@ -169,15 +179,18 @@ class RackWindows:
         np.add.at(self.gpu_heat_counts[:, slot], g, 1.0)
         keep = c > 0
         return Closed(out_racks[keep], out_start[keep], out_feats[keep], out_heat[keep],
-                      out_judged[keep])
+                      out_judged[keep], out_lag[keep])
 
-    def _heat(self, racks: npt.NDArray[np.int64], windows: npt.NDArray[np.int64], slot: int
-              ) -> npt.NDArray[np.float64]:
-        """The heat figure (``HEAT_QUANTILE`` of the judged GPUs' mean residuals) of each
-        rack's window ``windows`` in ``slot``; NaN where no GPU was judged."""
+    def _heat(self, racks: npt.NDArray[np.int64], windows: npt.NDArray[np.int64], slot: int,
+              lag_of: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.float64]] | None
+              ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """The heat figure (``HEAT_QUANTILE`` of the judged GPUs' mean residuals) and the
+        lag figure (the same quantile of their lags) of each rack's window ``windows`` in
+        ``slot``; NaN where no GPU was judged."""
         out = np.full(len(racks), np.nan)
+        lag = np.full(len(racks), np.nan)
         if not len(racks):
-            return out
+            return out, lag
         window_of = np.full(len(self.win), -1, dtype=np.int64)
         window_of[racks] = windows
         known = self.gpu_rack >= 0
@@ -185,7 +198,7 @@ class RackWindows:
         g = g[(self.gpu_win[g, slot] == window_of[self.gpu_rack[g]])
               & (self.gpu_heat_counts[g, slot] > 0)]
         if not len(g):
-            return out
+            return out, lag
         means = self.gpu_heat_sums[g, slot] / self.gpu_heat_counts[g, slot]
         order = np.argsort(self.gpu_rack[g], kind="stable")
         grouped = self.gpu_rack[g][order]
@@ -194,7 +207,10 @@ class RackWindows:
         row_of = np.full(len(self.win), -1, dtype=np.int64)
         row_of[racks] = np.arange(len(racks))
         out[row_of[grouped[first]]] = q[first]
-        return out
+        if lag_of is not None:
+            lags = group_quantile(lag_of(g[order]), grouped, HEAT_QUANTILE)
+            lag[row_of[grouped[first]]] = lags[first]
+        return out, lag
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:
         return {f"rack_windows.{k}": getattr(self, k).copy()

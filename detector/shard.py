@@ -386,7 +386,8 @@ class DetectorShard:
         # Rack windows -> rack forest.
         if self.config.rack.enabled and len(vi):
             closed = self.rack_windows.add(rack_rows[vi], vids, feats[vi],
-                                           self.features.last_resid[vids], ts)
+                                           self.features.last_resid[vids], ts,
+                                           self.features.thermal.tau_s)
             if len(closed.racks):
                 out.extend(self._rack_step(closed))
         return out
@@ -461,7 +462,7 @@ class DetectorShard:
         # The rack heat rule, on the same windows: the lower quartile of the judged GPUs'
         # residuals, degC.
         resid_c = closed.heat_c
-        h_open, h_res = self.rack_heat.step(racks, resid_c, closed.judged)
+        h_open, h_res = self.rack_heat.step(racks, resid_c, closed.judged, closed.lag_s)
         for r in h_open:
             path = self.rack_paths[int(racks[r])]
             out.append(self._fire(

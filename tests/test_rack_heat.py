@@ -22,10 +22,12 @@ HALF = (Path(__file__).parent / "fixtures" / "zoo"
 
 
 def _run(excess: npt.NDArray[np.float64], judged: npt.NDArray[np.float64] | None = None,
-         baseline_s: float = 3600.0, learned: bool = True) -> list[tuple[str, float]]:
+         baseline_s: float = 3600.0, learned: bool = True, lag_s: float | None = None
+         ) -> list[tuple[str, float]]:
     """Feed one rack's mean residual per 10 s window (and the share of it judged, all by
     default); returns (opened|resolved, time s). ``learned``: the rack's baseline has
-    learned for ``LEARNED_S`` already (a rack that has run a while), else it starts new."""
+    learned for ``LEARNED_S`` already (a rack that has run a while), else it starts new.
+    ``lag_s``: the lag its models chose (none: the rule is not told one)."""
     heat = RackHeat(excess_c=4.0, after_s=60.0, window_s=WINDOW_S, baseline_s=baseline_s)
     heat.ensure(1)
     if learned:
@@ -35,7 +37,8 @@ def _run(excess: npt.NDArray[np.float64], judged: npt.NDArray[np.float64] | None
     for i, x in enumerate(excess):
         end_s = (i + 1) * WINDOW_S
         share = np.ones(1) if judged is None else judged[i:i + 1]
-        opened, resolved = heat.step(racks, np.array([x]), share)
+        lag = None if lag_s is None else np.array([lag_s])
+        opened, resolved = heat.step(racks, np.array([x]), share, lag)
         out += [("opened", end_s)] * len(opened) + [("resolved", end_s)] * len(resolved)
     return out
 
@@ -64,13 +67,35 @@ def test_opens_after_the_hold_and_resolves_as_the_dies_cool_not_when_they_are_co
 
 
 def test_a_noisy_plateau_and_a_partial_recovery_keep_it_open() -> None:
-    x = _cooling_fault(60.0, noise_c=1.5, seed=3)[:150]  # up to 1500 s: still in trouble
-    assert [e for e, _ in _run(x)] == ["opened"]
-    # The trouble eases from 20 to 12 degC and stays there: not halved, still open.
-    t = np.arange(0.0, 3000.0, WINDOW_S)
-    partial = np.where(t < 600, np.clip((t - 100) / 120, 0, 1) * 20.0,
-                       12.0 + 8.0 * np.exp(-(t - 600) / 60.0))
-    assert [e for e, _ in _run(partial)] == ["opened"]
+    # With or without the lag: the models chose 120 s for these 60 s dies, the longest
+    # candidate and twice the truth, the side on which a projection reads an easing low.
+    for lag in (None, 120.0):
+        x = _cooling_fault(60.0, noise_c=1.5, seed=3)[:150]  # up to 1500 s: still in trouble
+        assert [e for e, _ in _run(x, lag_s=lag)] == ["opened"]
+        # The trouble eases from 20 to 12 degC and stays there: not halved, still open.
+        t = np.arange(0.0, 3000.0, WINDOW_S)
+        partial = np.where(t < 600, np.clip((t - 100) / 120, 0, 1) * 20.0,
+                           12.0 + 8.0 * np.exp(-(t - 600) / 60.0))
+        assert [e for e, _ in _run(partial, lag_s=lag)] == ["opened"], lag
+
+
+def test_a_liquid_cooled_rack_resolves_as_its_fall_heads_to_cool_not_once_halved() -> None:
+    # Dies of a 113 s lag (the models chose 120 s), 0.5 degC of sample noise: halving takes
+    # 0.7 lags after the air recovers at 1500 s (held-out zoo-1590: 85 s); two falling
+    # windows along the lag say where it heads.
+    for peak, seed in ((20.0, 1), (8.0, 2), (8.0, 3)):
+        x = _cooling_fault(113.0, peak_c=peak, noise_c=0.5, seed=seed)
+        halving = _run(x)
+        assert [e for e, _ in halving] == ["opened", "resolved"]
+        events = _run(x, lag_s=120.0)
+        assert [e for e, _ in events] == ["opened", "resolved"], (peak, events)
+        assert events[0] == halving[0]
+        assert 1500.0 < events[1][1] <= 1500.0 + 0.35 * 113.0 + 3 * WINDOW_S, (peak, events)
+        assert halving[1][1] > 1500.0 + 0.6 * 113.0, halving
+    # A barely visible trouble: its plateau's noise projects no recovery while it lasts.
+    for seed in range(5):
+        x = _cooling_fault(113.0, peak_c=5.5, noise_c=0.5, seed=seed)[:150]
+        assert [e for e, _ in _run(x, lag_s=120.0)] == ["opened"], seed
 
 
 def test_a_recovered_rack_that_heats_again_opens_again_but_its_decay_does_not() -> None:
@@ -273,3 +298,22 @@ def test_a_checkpoint_without_the_gpu_sums_loads_and_judges_from_the_next_window
     heats = [(float(c.judged[0]), float(c.heat_c[0])) for c in closed if len(c.racks)]
     assert heats[0][0] == 0.0 and np.isnan(heats[0][1])
     assert heats[-1] == (1.0, 5.0)
+
+
+def test_a_closed_window_carries_the_lower_quartile_of_its_judged_gpus_lags() -> None:
+    windows = RackWindows(WINDOW_S)
+    windows.ensure(2)
+    windows.ensure_gpus(10)
+    racks = np.array([0] * 5 + [1] * 5, dtype=np.int64)
+    ids = np.arange(10, dtype=np.int64)
+    feats = np.zeros((10, len(FEATURES)), dtype=np.float32)
+    lags = np.array([120.0, 120.0, 120.0, 45.0, 2.0, 15.0, 15.0, 4.0, 4.0, 4.0])
+    # GPU 4 (2 s) is never judged: it does not pull rack 0's lag down; rack 1 none judged.
+    resid = np.array([1.0, 1.0, 1.0, 1.0, np.nan] + [np.nan] * 5)
+    closed = None
+    for i in range(3):
+        closed = windows.add(racks, ids, feats, resid, int(i * WINDOW_S * 1000),
+                             lambda g: lags[g])
+    assert closed is not None and list(closed.racks) == [0, 1]
+    assert closed.lag_s[0] == np.quantile([120.0, 120.0, 120.0, 45.0], 0.25)
+    assert np.isnan(closed.lag_s[1])
