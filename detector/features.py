@@ -133,6 +133,8 @@ class RuleContext:
     own): the heat its die has taken in over each time scale it may follow ..."""
     power_w: npt.NDArray[np.float64]
     """... and with the lag its model chose (W), the measure of ``power_bin``."""
+    tau_s: npt.NDArray[np.float64]
+    """The lag each GPU's thermal model chose (s): how fast its die follows its heat."""
 
 
 # The catalog metrics the detector reads, in the column order of ``gather``'s output.
@@ -428,7 +430,7 @@ class FeatureState:
         band, dwell, power_w = self.thermal.power_bin(ids)
         return RuleContext(self.last_pred[ids], self.last_cand[ids], self.last_plaus[ids],
                            self.thermal.error_c(ids), excess, lag_excess, ref, band, dwell, inv,
-                           self.thermal.ema[ids], power_w)
+                           self.thermal.ema[ids], power_w, self.thermal.tau_s(ids))
 
     def step(
         self,

