@@ -61,3 +61,35 @@ def test_a_sensor_that_freezes_as_its_node_cools_after_the_job_is_still_stuck() 
     got = _stuck(rows)
     assert [g for g, _ in got] == ["gpu-5"], got
     assert 600 < got[0][1] <= 600 + 120, got
+
+
+POWER_DROP = (Path(__file__).parent / "fixtures" / "zoo"
+              / "zoo1626_node_models_overshoot_power_drop.npz")
+"""One node of the held-out zoo run that paged on it (``--zoo-heldout-from 622`` at b6542cf,
+draw zoo-1626: liquid, 62 s dies, whole degrees, 0.5 Hz), GPUs 40-47, the first 1,200 s. From
+936 s every fourth reading, 8 s apart, catches the job's rhythm in a dip to about 300 W from
+500 (read at one phase of it, as zoo-1367's); the dies, averaging the true power, cool a
+degree in the two minutes after, while GPU 1's model, which had read its die within a degree
+at 500 W, puts it 10-16 degC lower and swings 6 degC with the sampled dips. The rule paged
+GPU 1 at 1,064 s: the node's other models swung too, but their dies' readings had flickered
+by a degree or two, so the node's "models swing, dies hold" test did not count them."""
+
+
+def test_a_swing_the_dies_at_the_gpus_load_did_not_show_accuses_no_sensor() -> None:
+    rows = load_recorded(POWER_DROP, np.nan)
+    temp = rows[:, :, COL["temperature_celsius"]]
+    power = rows[:, :, COL["power_usage_watts"]]
+    after = slice(int(990_000 / 2000), int(1_070_000 / 2000))
+    # The premise: the sampled dips begin, GPU 1 holds one reading, the node's median holds
+    # within a degree.
+    assert power[int(880_000 / 2000):int(930_000 / 2000), 1].min() > 450.0
+    assert (power[after, 1] < 350.0).sum() >= 8
+    assert np.ptp(temp[after, 1]) == 0.0
+    assert np.ptp(np.median(temp[after], axis=1)) <= 1.0
+    assert _stuck_every(rows, 2000) == []
+
+
+def _stuck_every(rows: np.ndarray, step_ms: int) -> list[tuple[str, int]]:
+    return [(a.entity.rsplit("/", 1)[-1], (a.started_ms - T0_MS) // 1000)
+            for a in replay_node(rows, step_ms)
+            if a.source == "rule:temperature_stuck" and a.state is AlertState.FIRING]
