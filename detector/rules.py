@@ -27,7 +27,9 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              ``stuck_predicted_c`` (and 4 times the model's error before the
                              freeze) or more, for ``stuck_after_s`` of evidence after they
                              had (a die of minutes lags a job's start), and most of
-                             the node's other GPUs changed their readings (the swings
+                             the node's other GPUs changed their readings, and where it
+                             runs its peers' load their median moved half the bar in the
+                             freeze (dies of one load follow it together) (the swings
                              accuse only while the prediction is no nearer the held
                              reading than when it froze: a model coming back onto it is
                              learning a power it never saw); or for
@@ -101,6 +103,10 @@ thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's
                              learned), while the whole node (four GPUs or more) has idled
                              ``rest_settle_s``, for ``excess_after_s``; it ends once the die
                              has shed half the most it read (``RuleBook._hot_at_rest``).
+                             Whichever path holds it, a die whose excess over its model
+                             fell along its chosen lag to under half the bar in its last
+                             two 10 s spans is cooling back, not in trouble
+                             (``detector.settling``).
                              And with no thermal model: a die ``peer_excess_c`` above the
                              median of its node's GPUs that drew its power now and smoothed
                              over each candidate lag (three or more), beyond its seat learned
