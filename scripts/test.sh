@@ -114,11 +114,13 @@ set +e
 # order stay together). Most of the suite's time is waiting on real brokers, outages and
 # processes, so two workers on two cores overlap the waits; every test uses its own topic
 # prefix, temp dirs and ports. FLEETPULSE_TEST_WORKERS=0 runs in one process.
+# The twenty slowest tests are listed at the end: the suite must stay under 15 minutes, and
+# the list says where the time goes before a new test pushes it over.
 WORKERS="${FLEETPULSE_TEST_WORKERS:-2}"
 if [[ "$WORKERS" == "0" ]]; then
-    "$VENV/bin/python" -m pytest "$@"
+    "$VENV/bin/python" -m pytest --durations=20 "$@"
 else
-    "$VENV/bin/python" -m pytest -n "$WORKERS" --dist loadfile "$@"
+    "$VENV/bin/python" -m pytest -n "$WORKERS" --dist loadfile --durations=20 "$@"
 fi
 pytest_status=$?
 set -e
