@@ -371,7 +371,8 @@ class RuleBook:
               "stuck_swung_s", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
               "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
               "stuck_flips", "stuck_like0", "stuck_like_lo", "stuck_like_hi", "stuck_w0",
-              "stuck_fit_ms", "stuck_fit_bin", "stuck_fit0", "stuck_drawn0", "stuck_left_s", "stuck_flow_s",
+              "stuck_fit_ms", "stuck_fit_bin", "stuck_fit0", "stuck_drawn0", "stuck_left_s",
+              "stuck_flow_s",
               "temp_step_c", "span_ms", "span_lo", "span_hi", "span_c", "span_pw_lo",
               "span_pw_hi", "span_still",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
@@ -866,7 +867,7 @@ class RuleBook:
         drifted = frozen_long & alone & (left_s >= p.stuck_after_s)
         # A swing accuses only where the dies at the GPU's load showed some of it: where it
         # runs its peers' load and their median (three or more) stayed within half the bar
-        # through the freeze, the model misjudges the load, not the sensor its die. (A
+        # through the freeze, the model misjudges the load and the sensor is right. (A
         # held-out run paged on zoo-1626 so: liquid, 62 s dies, whole degrees, 0.5 Hz; every
         # fourth reading caught the job's rhythm in a dip from 500 to 300 W, the dies held
         # within a degree or two, and a model that had read this die right put it 10-16
