@@ -171,7 +171,7 @@ class RackHeat:
         falling = np.where(x < last, self.falling[racks] + 1, 0)
         peak = np.where(was, np.maximum(self.peak_c[racks], x), x)
         decayed = (falling >= FALLING_WINDOWS) & ((x <= 0.5 * peak) | self._settles(
-            x, self.prior_c[racks], peak, lag_s if lag_s is None else lag_s[counts]))
+            x, self.prior_c[racks], peak, None if lag_s is None else lag_s[counts]))
         opens = ~was & hot & (hot_s >= self.after_s)
         resolves = was & (cool | decayed)
         recovered = resolves & ~cool

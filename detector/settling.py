@@ -77,18 +77,18 @@ class Settling:
         lag to a level under half the bar."""
         start = self.start_ms[ids]
         closes = (start > 0) & (ts_ms - start >= SPAN_S * 1000)
-        n = self.n[ids]
-        mean = np.where(n > 0, self.sum_c[ids] / np.maximum(n, 1.0), np.nan)
-        m1, m2 = self.m1_c[ids], self.m2_c[ids]
-        falls = np.where(mean < m1, self.falls[ids] + 1, 0)
-        fall = m2 - mean
-        level = settle_level(mean, fall, 2.0 * SPAN_S, tau_s)
-        settled = ((falls >= 2) & (fall >= FALL_SHARE * bar_c) & (level < 0.5 * bar_c))
-        c = ids[closes]
-        self.falls[c] = falls[closes]
-        self.settled[c] = settled[closes]
-        self.m2_c[c] = m1[closes]
-        self.m1_c[c] = mean[closes]
+        # Only the GPUs whose span closes on this step are judged (one step in ten at 1 Hz).
+        c, bar = ids[closes], bar_c[closes]
+        n = self.n[c]
+        mean = np.where(n > 0, self.sum_c[c] / np.maximum(n, 1.0), np.nan)
+        m1 = self.m1_c[c]
+        falls = np.where(mean < m1, self.falls[c] + 1, 0)
+        fall = self.m2_c[c] - mean
+        level = settle_level(mean, fall, 2.0 * SPAN_S, tau_s[closes])
+        self.falls[c] = falls
+        self.settled[c] = (falls >= 2) & (fall >= FALL_SHARE * bar) & (level < 0.5 * bar)
+        self.m2_c[c] = m1
+        self.m1_c[c] = mean
         fresh = closes | (start == 0)
         self.start_ms[ids[fresh]] = ts_ms
         self.sum_c[ids[fresh]] = 0.0
