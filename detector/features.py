@@ -70,6 +70,8 @@ __all__ = [
     "held_since",
     "node_median",
     "same_load_median",
+    "same_load_peers",
+    "same_peers_moved",
 ]
 
 
@@ -236,6 +238,19 @@ LOAD_UTIL: Final = 0.15
 
 
 @numba.njit(cache=True)
+def _alike(loads: npt.NDArray[np.float64], util: npt.NDArray[np.float64], use_util: bool,
+           g: int, h: int) -> bool:  # pragma: no cover - compiled
+    """Whether GPU ``h`` runs GPU ``g``'s load (``same_load_median`` says how)."""
+    if np.isfinite(loads[g, 0]) and np.isfinite(loads[h, 0]):
+        for k in range(loads.shape[1]):
+            w = loads[g, k]
+            if not abs(loads[h, k] - w) <= max(LOAD_SHARE * abs(w), LOAD_MIN_W):
+                return False
+        return True
+    return use_util and abs(util[h] - util[g]) <= LOAD_UTIL
+
+
+@numba.njit(cache=True)
 def _same_load_median(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float64],
                       util: npt.NDArray[np.float64], use_util: bool,
                       order: npt.NDArray[np.int64], starts: npt.NDArray[np.int64],
@@ -248,18 +263,7 @@ def _same_load_median(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float
             m = 0
             for j in range(lo, hi):
                 h = order[j]
-                if not np.isfinite(temp[h]):
-                    continue
-                if np.isfinite(loads[g, 0]) and np.isfinite(loads[h, 0]):
-                    alike = True
-                    for k in range(loads.shape[1]):
-                        w = loads[g, k]
-                        if not abs(loads[h, k] - w) <= max(LOAD_SHARE * abs(w), LOAD_MIN_W):
-                            alike = False
-                            break
-                else:
-                    alike = use_util and abs(util[h] - util[g]) <= LOAD_UTIL
-                if alike:
+                if np.isfinite(temp[h]) and _alike(loads, util, use_util, g, h):
                     buf[m] = temp[h]
                     m += 1
             if m >= 3:
@@ -267,6 +271,67 @@ def _same_load_median(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float
                 out[g] = 0.5 * (part[(m - 1) // 2] + part[m // 2])
             else:
                 out[g] = np.nan
+
+
+@numba.njit(cache=True)
+def _same_load_peers(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float64],
+                     ids: npt.NDArray[np.int64], slot: npt.NDArray[np.int64],
+                     order: npt.NDArray[np.int64], starts: npt.NDArray[np.int64],
+                     peer_ids: npt.NDArray[np.int64], peer_c: npt.NDArray[np.float64]
+                     ) -> None:  # pragma: no cover - compiled
+    none = np.zeros(1)
+    for n in range(starts.shape[0] - 1):
+        lo, hi = starts[n], starts[n + 1]
+        for i in range(lo, hi):
+            g = order[i]
+            if slot[g] < 0:
+                continue
+            m = 0
+            for j in range(lo, hi):
+                h = order[j]
+                if (h != g and m < peer_ids.shape[1] and np.isfinite(temp[h])
+                        and _alike(loads, none, False, g, h)):
+                    peer_ids[slot[g], m] = ids[h] + 1
+                    peer_c[slot[g], m] = temp[h]
+                    m += 1
+
+
+@numba.njit(cache=True)
+def _same_peers_moved(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float64],
+                      ids: npt.NDArray[np.int64], row_of: npt.NDArray[np.int64],
+                      which: npt.NDArray[np.bool_], peer_ids: npt.NDArray[np.int64], peer_c: npt.NDArray[np.float64],
+                      went: npt.NDArray[np.float64], level: npt.NDArray[np.float64]
+                      ) -> None:  # pragma: no cover - compiled
+    none = np.zeros(1)
+    moved = np.empty(peer_ids.shape[1] + 1)
+    now = np.empty(peer_ids.shape[1] + 1)
+    for g in range(temp.shape[0]):
+        if not which[g] or not np.isfinite(temp[g]):
+            continue
+        moved[0] = 0.0
+        now[0] = temp[g]
+        m = 1
+        for k in range(peer_ids.shape[1]):
+            pid = peer_ids[ids[g], k] - 1
+            if pid < 0:
+                break
+            h = row_of[pid] if pid < row_of.shape[0] else -1
+            if h >= 0 and np.isfinite(temp[h]) and _alike(loads, none, False, g, h):
+                moved[m] = temp[h] - peer_c[ids[g], k]
+                now[m] = temp[h]
+                m += 1
+        if m >= 3:
+            part = np.sort(moved[:m])
+            went[g] = 0.5 * (part[(m - 1) // 2] + part[m // 2])
+            part = np.sort(now[:m])
+            level[g] = 0.5 * (part[(m - 1) // 2] + part[m // 2])
+
+
+def _by_node(node: npt.NDArray[np.intp]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The GPUs in node order, and where each node's run of them starts (and the last ends)."""
+    order = np.argsort(node, kind="stable").astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(node))]).astype(np.int64)
+    return order, starts
 
 
 def same_load_median(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float64],
@@ -283,14 +348,64 @@ def same_load_median(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float6
     out = np.full(len(node), np.nan)
     if len(node) == 0:
         return out
-    order = np.argsort(node, kind="stable").astype(np.int64)
-    starts = np.concatenate([[0], np.cumsum(np.bincount(node))]).astype(np.int64)
+    order, starts = _by_node(node)
     _same_load_median(np.ascontiguousarray(temp, dtype=np.float64),
                       np.ascontiguousarray(loads, dtype=np.float64),
                       np.ascontiguousarray(np.zeros(len(node)) if util is None else util,
                                            dtype=np.float64),
                       util is not None, order, starts, out)
     return out
+
+
+PEERS_KEPT: Final = 15
+"""How many node peers ``same_load_peers`` keeps for a GPU: all of a 16-GPU node's."""
+
+
+def same_load_peers(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float64],
+                    node: npt.NDArray[np.intp], ids: npt.NDArray[np.int64],
+                    which: npt.NDArray[np.bool_]
+                    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """For each GPU where ``which`` (one row each, in order), the node peers (itself not
+    counted, ``PEERS_KEPT`` at most) that run its load at every time scale of ``loads`` as
+    ``same_load_median`` reads it: their ``ids`` + 1 (0: no more) and their readings now,
+    for ``same_peers_moved`` to follow the same dies later."""
+    slot = np.cumsum(which) - 1
+    slot = np.where(which, slot, -1).astype(np.int64)
+    k = int(which.sum())
+    peer_ids = np.zeros((k, PEERS_KEPT), dtype=np.int64)
+    peer_c = np.full((k, PEERS_KEPT), np.nan)
+    if k:
+        order, starts = _by_node(node)
+        _same_load_peers(np.ascontiguousarray(temp, dtype=np.float64),
+                         np.ascontiguousarray(loads, dtype=np.float64),
+                         np.ascontiguousarray(ids, dtype=np.int64), slot, order, starts,
+                         peer_ids, peer_c)
+    return peer_ids, peer_c
+
+
+def same_peers_moved(temp: npt.NDArray[np.float64], loads: npt.NDArray[np.float64],
+                     ids: npt.NDArray[np.int64], which: npt.NDArray[np.bool_],
+                     peer_ids: npt.NDArray[np.int64], peer_c: npt.NDArray[np.float64]
+                     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """How far the peers ``same_load_peers`` kept for each GPU where ``which`` have moved
+    since, and where they stand: the median of their changes and of their readings now,
+    over those in this step that still run its load, the GPU itself counted as unmoved
+    (NaN with fewer than three in all). ``peer_ids`` and ``peer_c`` are indexed by id (the
+    rows of ``ids``), as a rule book keeps them.
+
+    The same dies, before and after: a median over whichever GPUs run a load now changes
+    with its membership, and seats of one node differ by degrees, so stages of a pipeline
+    that take turns at a power move that median with no die moving at all."""
+    went = np.full(len(temp), np.nan)
+    level = np.full(len(temp), np.nan)
+    if len(temp) and which.any():
+        row_of = np.full(int(ids.max()) + 1, -1, dtype=np.int64)
+        row_of[ids] = np.arange(len(ids))
+        _same_peers_moved(np.ascontiguousarray(temp, dtype=np.float64),
+                          np.ascontiguousarray(loads, dtype=np.float64),
+                          np.ascontiguousarray(ids, dtype=np.int64), row_of, which,
+                          peer_ids, peer_c, went, level)
+    return went, level
 
 
 def held_since(since_ms: npt.NDArray[np.int64], cond: npt.NDArray[np.bool_],

@@ -60,13 +60,16 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              median stood ``stuck_predicted_c`` above the held reading, then
                              below, then above again (or the other way round): bursty load
                              never lets the median settle, but a die sharing it swings with
-                             it; or for ``stuck_after_s`` of evidence while the median of the
-                             node's GPUs that drew its power at every time scale (now and
-                             over each candidate lag; three or more), within half the bar
-                             of the reading when it froze, stood the bar or more away from
-                             it, having moved that way since: dies that share a power
-                             history share a heat history, still heating from a job's start
-                             or cooling from its end together; or for twice
+                             it; or for ``stuck_after_s`` of evidence while the node's
+                             GPUs that drew its power at every time scale (now and over
+                             each candidate lag) when it froze, whose median then was
+                             within half the bar of the reading, and that still draw it
+                             (three or more with itself) stood the bar or more away from
+                             it, having moved that way since (each from its own reading
+                             then; the same dies, so seats that take turns at a power do
+                             not move it): dies that share a power history share a heat
+                             history, still heating from a job's start or cooling from
+                             its end together; or for twice
                              ``stuck_after_s`` of the freeze while three or more of the
                              node's GPUs at its band of power each read values two of
                              their sensor's steps apart in every ``_SPAN_WINDOW_S`` at one
@@ -161,6 +164,7 @@ from detector.features import (
     LOAD_MIN_W,
     LOAD_SHARE,
     LOAD_UTIL,
+    PEERS_KEPT,
     THROTTLE_SW_THERMAL,
     RuleContext,
     evidence_rate,
@@ -168,6 +172,8 @@ from detector.features import (
     held_since,
     node_median,
     same_load_median,
+    same_load_peers,
+    same_peers_moved,
 )
 from detector.settling import Settling
 from detector.thermal_model import DWELL_BINS, TAUS_S, load_state
@@ -371,8 +377,8 @@ class RuleBook:
               "stuck_swung_s", "stuck_base_ms", "stuck_peer0", "stuck_load0", "stuck_peer_ms",
               "stuck_like_ms", "stuck_pm_ref", "stuck_pm_ms", "stuck_unlike_s", "stuck_side",
               "stuck_flips", "stuck_like0", "stuck_like_lo", "stuck_like_hi", "stuck_w0",
-              "stuck_fit_ms", "stuck_fit_bin", "stuck_fit0", "stuck_drawn0", "stuck_left_s",
-              "stuck_flow_s",
+              "stuck_fit_ms", "stuck_fit_bin", "stuck_fit0", "stuck_drawn0", "stuck_drawn_ids",
+              "stuck_drawn_c", "stuck_left_s", "stuck_flow_s",
               "temp_step_c", "span_ms", "span_lo", "span_hi", "span_c", "span_pw_lo",
               "span_pw_hi", "span_still",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
@@ -459,9 +465,14 @@ class RuleBook:
         """The median reading of the node's GPUs that drew this one's power at every time
         scale, when its reading last changed, if it read within half the bar of it (NaN:
         it did not, or fewer than three drew it) ..."""
+        self.stuck_drawn_ids = np.zeros((0, PEERS_KEPT), dtype=np.int64)
+        self.stuck_drawn_c = np.zeros((0, PEERS_KEPT))
+        """... those GPUs, other than itself (``features.same_load_peers``: id + 1, 0 for
+        none), and their readings then ..."""
         self.stuck_left_s = np.zeros(0)
         """... and the seconds of evidence (``features.evidence_rate``) in the current freeze
-        that their median has moved the bar away from the held reading since."""
+        that the same GPUs, those still drawing its power, moved the bar away from the held
+        reading since (their median change, and their median now)."""
         self.stuck_flow_s = np.zeros(0)
         """Seconds in the current freeze while three or more of the node's GPUs at its band of
         power reported and each of their readings spanned two steps in ``_SPAN_WINDOW_S``."""
@@ -850,14 +861,23 @@ class RuleBook:
         # settling where it sat; only moving away accuses.) Needs no settled start and no
         # thermal model: tuning zoo-10 (liquid, 106 s dies, whole degrees) froze a reading
         # at 55 degC while its seven peers, under its load, heated from 55-57 to 59-62.
-        drawn_med = same_load_median(
-            temp, np.concatenate([row[:, COL["power_usage_watts"]][:, None],
-                                  ctx.power_smoothed_w], axis=1), None, ctx.node)
+        # The same dies throughout: those that drew its power when it froze and still do,
+        # each measured against its own reading then. (A held-out soak paged twice on
+        # zoo-1653 while a median of whichever GPUs drew its power moved 4 degC with no die
+        # moving: air, 5 s dies, whole degrees, a pipeline whose stages take turns without
+        # bubbles at the 450 W cap, on seats 9 degC apart; this one held 62 degC there.)
+        loads = np.concatenate([row[:, COL["power_usage_watts"]][:, None],
+                                ctx.power_smoothed_w], axis=1)
+        drawn_med = same_load_median(temp, loads, None, ctx.node)
         self.stuck_drawn0[ids] = np.where(
             fresh, np.where(np.abs(drawn_med - temp) <= 0.5 * bar, drawn_med, np.nan),
             self.stuck_drawn0[ids])
-        went = drawn_med - self.stuck_drawn0[ids]
-        gap = drawn_med - temp
+        kept = same_load_peers(temp, loads, ctx.node, ids, fresh)
+        self.stuck_drawn_ids[ids[fresh]], self.stuck_drawn_c[ids[fresh]] = kept
+        went, level = same_peers_moved(temp, loads, ids,
+                                       held & np.isfinite(self.stuck_drawn0[ids]),
+                                       self.stuck_drawn_ids, self.stuck_drawn_c)
+        gap = level - temp
         left = held & (np.abs(went) >= bar) & (np.abs(gap) >= bar) & (
             np.sign(went) == np.sign(gap))
         left_s = _in_freeze(self.stuck_left_s[ids], held,

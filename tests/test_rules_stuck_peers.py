@@ -186,6 +186,7 @@ def test_a_sensor_frozen_while_its_node_heats_is_found_by_the_dies_that_drew_its
 def test_a_checkpoint_from_before_the_drawn_median_knows_no_reading_to_compare_with() -> None:
     """A checkpoint without ``stuck_drawn0`` restores a freeze under way with no median to
     compare (NaN), not a median of 0 degC that every die has moved away from."""
+    from detector.features import PEERS_KEPT
     from detector.rules import RuleBook, RuleParams
 
     book = RuleBook(RuleParams())
@@ -197,6 +198,88 @@ def test_a_checkpoint_from_before_the_drawn_median_knows_no_reading_to_compare_w
     again.load_arrays(arrays)
     assert np.isnan(again.stuck_drawn0).all() and len(again.stuck_drawn0) == 4
     assert not again.stuck_left_s.any()
+    # Nor any peers to follow (0: none), for a checkpoint from before they were kept.
+    arrays = {k: v for k, v in arrays.items() if not k.startswith("rules.stuck_drawn_")}
+    again.load_arrays(arrays)
+    assert again.stuck_drawn_ids.shape == (4, PEERS_KEPT) and not again.stuck_drawn_ids.any()
     full = RuleBook(RuleParams())
     full.load_arrays(book.state_arrays())
     assert (full.stuck_drawn0 == 41.0).all()
+
+
+def _pipeline_taking_turns(seed: int = 3) -> npt.NDArray[np.float64]:
+    """Node 0 runs a pipeline at the 450 W cap on seats 9 degC apart (air, 5 s dies, whole
+    degrees, 1 Hz). GPU 4's stage never waits: it holds 450 W and reads 62 degC throughout,
+    as a fast die at a steady load does. Two other stages run without bubbles at a time,
+    at 59 and 64 degC for the first 15 minutes and at 56 and 57 degC after; the rest wait a
+    third of each 6 s cycle at 100 W. Node 1 idles."""
+    rng = np.random.default_rng(seed)
+    g = 2 * PER_NODE
+    x = healthy(STEPS, g, seed)
+    seat = np.array([2.0, -2.0, -5.0, 0.0, 1.0, -3.0, 3.0, -4.0] + [0.0] * PER_NODE)
+    steady = np.zeros((STEPS, g), dtype=bool)
+    steady[:, 4] = True
+    steady[:JOB, [1, 6]] = True
+    steady[JOB:, [2, 7]] = True
+    bubble = (np.arange(STEPS) % 6 < 2)[:, None] & ~steady
+    busy = np.zeros((STEPS, g), dtype=bool)
+    busy[:, :PER_NODE] = True
+    power = np.where(busy & ~bubble, 450.0, np.where(busy, 100.0, 65.0))
+    power = power + rng.normal(0, 0.8, power.shape)
+    die = np.empty((STEPS, g))
+    t = 25.0 + seat + 0.08 * power[0]
+    for s in range(STEPS):
+        t = t + (25.0 + seat + 0.08 * power[s] - t) / 5.0
+        die[s] = t
+    noise = rng.normal(0, 0.15, die.shape)
+    noise[:, 4] = 0.0
+    x[:, :, COL["utilization_ratio"]] = np.where(busy & ~bubble, 0.99, np.where(busy, 0.3, 0.0))
+    x[:, :, COL["power_usage_watts"]] = power
+    x[:, :, COL["power_limit_watts"]] = np.nan
+    x[:, :, COL["temperature_celsius"]] = np.round(die + noise)
+    x[:, :, COL["memory_temperature_celsius"]] = np.round(die + 4)
+    x[:, :, COL["sm_clock_hertz"]] = np.where(busy, 1.98e9, 0.345e9)
+    x[:, :, COL["clock_event_reasons"]] = np.where(busy, 0, 1)
+    return x
+
+
+def test_a_steady_stage_is_not_stuck_when_other_stages_take_its_power_in_turn() -> None:
+    """As a held-out soak paged twice on zoo-1653: the GPUs at GPU 4's power, over every
+    time scale, are whichever stages run without bubbles, and their median moves from 62 to
+    56.5 degC when the turn passes, with no die moving. The same dies followed from the
+    freeze left its power and say nothing; the reading is right."""
+    data = _pipeline_taking_turns()
+    assert (data[:, 4, COL["temperature_celsius"]] == 62.0).all()
+    got = _alerts(data)
+    assert [a for a in got if a[0] == "rule:temperature_stuck"] == [], got
+
+
+def test_the_same_peers_are_followed_by_id_whatever_rows_a_step_brings() -> None:
+    """``same_load_peers`` keeps the peers by id, ``same_peers_moved`` finds them in a later
+    step whose rows come in another order and without one GPU, counts only those still at
+    the judged GPU's load, and gives nothing with fewer than three in all."""
+    from detector.features import PEERS_KEPT, same_load_peers, same_peers_moved
+
+    ids = np.array([10, 11, 12, 13, 14])
+    node = np.zeros(5, dtype=np.intp)
+    loads = np.array([[400.0], [410.0], [395.0], [405.0], [100.0]])
+    temp = np.array([50.0, 52.0, 49.0, 51.0, 35.0])
+    kept_ids, kept_c = same_load_peers(temp, loads, node, ids, np.arange(5) == 0)
+    assert sorted(kept_ids[0][kept_ids[0] > 0] - 1) == [11, 12, 13]  # not 14: another load
+    book_ids = np.zeros((20, PEERS_KEPT), dtype=np.int64)
+    book_c = np.zeros((20, PEERS_KEPT))
+    book_ids[10], book_c[10] = kept_ids[0], kept_c[0]
+    # Later: rows reordered, GPU 12 missing, GPU 13 now at another load; 11 heated 6 degC.
+    later_ids = np.array([13, 14, 11, 10])
+    later_loads = np.array([[150.0], [100.0], [400.0], [400.0]])
+    later_temp = np.array([40.0, 35.0, 58.0, 50.0])
+    judged = later_ids == 10
+    went, level = same_peers_moved(later_temp, later_loads, later_ids, judged, book_ids, book_c)
+    assert np.isnan(went).all() and np.isnan(level).all()  # itself and GPU 11: two
+    later_ids = np.append(later_ids, 12)
+    later_loads = np.vstack([later_loads, [[390.0]]])
+    later_temp = np.append(later_temp, 55.0)
+    judged = later_ids == 10
+    went, level = same_peers_moved(later_temp, later_loads, later_ids, judged, book_ids, book_c)
+    assert went[3] == 6.0 and level[3] == 55.0  # changes 0, +6, +6; readings 50, 58, 55
+    assert np.isnan(went[judged == 0]).all()
