@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from detector.state_arrays import grow_rows
+
 __all__ = ["EpisodeParams", "Episodes"]
 
 
@@ -50,12 +52,7 @@ class Episodes:
         self.peak = np.zeros(0, dtype=np.float64)
 
     def ensure(self, n: int) -> None:
-        extra = n - len(self.level)
-        if extra <= 0:
-            return
-        for k in self.ARRAYS:
-            arr = getattr(self, k)
-            setattr(self, k, np.concatenate([arr, np.zeros(extra, dtype=arr.dtype)]))
+        grow_rows(self, self.ARRAYS, n)
 
     def step(
         self,

@@ -49,6 +49,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from detector.state_arrays import grow_rows
 from detector.thermal_model import TAUS_S, ThermalModels
 from schemas.catalog import BY_NAME
 
@@ -484,18 +485,10 @@ class FeatureState:
     def ensure(self, n: int) -> None:
         if n <= self.n:
             return
-        extra = n - self.n
-        self.prev_counters = np.concatenate(
-            [self.prev_counters, np.full((extra, len(COUNTER_COLS)), np.nan)])
-        self.max_clock = np.concatenate([self.max_clock, np.zeros(extra)])
-        self.last_pred = np.concatenate([self.last_pred, np.full(extra, np.nan)])
-        self.last_cand = np.concatenate([self.last_cand,
-                                         np.full((extra, len(TAUS_S)), np.nan)])
-        self.last_plaus = np.concatenate([self.last_plaus,
-                                          np.zeros((extra, len(TAUS_S)), dtype=bool)])
-        self.last_resid = np.concatenate([self.last_resid, np.full(extra, np.nan)])
-        self.last_lag_resid = np.concatenate([self.last_lag_resid,
-                                              np.full((extra, len(TAUS_S)), np.nan)])
+        unknown = {k: np.nan for k in ("prev_counters", "last_pred", "last_cand",
+                                       "last_resid", "last_lag_resid")}
+        grow_rows(self, (*self.ARRAYS, "last_pred", "last_cand", "last_plaus", "last_resid",
+                         "last_lag_resid"), n, unknown)
         self.thermal.ensure(n)
         self.n = n
 

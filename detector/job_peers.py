@@ -53,6 +53,7 @@ import numpy as np
 import numpy.typing as npt
 
 from detector.features import group_median, held_since
+from detector.state_arrays import grow_rows
 from schemas.attribution import Attachment
 
 __all__ = ["MIN_GROUP", "NO_END", "SOURCE", "JobPeerParams", "JobPeers", "peer_ratio"]
@@ -124,15 +125,7 @@ class JobPeers:
         """(workload maps version, GPUs) of the last :meth:`sync`."""
 
     def ensure(self, n: int) -> None:
-        extra = n - len(self.job_of)
-        if extra <= 0:
-            return
-        self.job_of = np.concatenate([self.job_of, np.full(extra, -1, dtype=np.int64)])
-        self.from_ms = np.concatenate([self.from_ms, np.zeros(extra, dtype=np.int64)])
-        self.to_ms = np.concatenate([self.to_ms, np.zeros(extra, dtype=np.int64)])
-        self.since_ms = np.concatenate([self.since_ms, np.zeros(extra, dtype=np.int64)])
-        self.last_ms = np.concatenate([self.last_ms, np.zeros(extra, dtype=np.int64)])
-        self.open = np.concatenate([self.open, np.zeros(extra, dtype=bool)])
+        grow_rows(self, self.ARRAYS, n, {"job_of": -1})
 
     @property
     def active(self) -> bool:

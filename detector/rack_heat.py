@@ -68,6 +68,7 @@ import numpy.typing as npt
 
 from detector.features import evidence_rate, gather_evidence
 from detector.settling import FALL_SHARE, settle_level
+from detector.state_arrays import grow_rows
 
 __all__ = ["RackHeat"]
 
@@ -124,11 +125,7 @@ class RackHeat:
         self.floor_c = np.zeros(0, dtype=np.float64)
 
     def ensure(self, n: int) -> None:
-        extra = n - len(self.open)
-        if extra > 0:
-            for k in self.ARRAYS:
-                arr = getattr(self, k)
-                setattr(self, k, np.concatenate([arr, np.zeros(extra, dtype=arr.dtype)]))
+        grow_rows(self, self.ARRAYS, n)
 
     def step(self, racks: npt.NDArray[np.int64], heat_c: npt.NDArray[np.float64],
              judged: npt.NDArray[np.float64], lag_s: npt.NDArray[np.float64] | None = None

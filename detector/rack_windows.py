@@ -42,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from detector.features import group_quantile
+from detector.state_arrays import grow_rows
 
 __all__ = ["HEAT_QUANTILE", "RACK_FEATURES", "RACK_SOURCE_COLUMNS", "RACK_WEIGHTS", "Closed",
            "RackWindows"]
@@ -107,20 +108,10 @@ class RackWindows:
         self.late = 0
 
     def ensure(self, n: int) -> None:
-        extra = n - len(self.win)
-        if extra > 0:
-            self.win = np.concatenate([self.win, np.full((extra, 2), -1, dtype=np.int64)])
-            self.sums = np.concatenate([self.sums, np.zeros((extra, 2, len(RACK_FEATURES)))])
-            self.counts = np.concatenate([self.counts, np.zeros((extra, 2))])
-            self.heat_counts = np.concatenate([self.heat_counts, np.zeros((extra, 2))])
+        grow_rows(self, self.ARRAYS, n, {"win": -1})
 
     def ensure_gpus(self, n: int) -> None:
-        extra = n - len(self.gpu_rack)
-        if extra > 0:
-            self.gpu_rack = np.concatenate([self.gpu_rack, np.full(extra, -1, dtype=np.int64)])
-            self.gpu_win = np.concatenate([self.gpu_win, np.full((extra, 2), -1, dtype=np.int64)])
-            self.gpu_heat_sums = np.concatenate([self.gpu_heat_sums, np.zeros((extra, 2))])
-            self.gpu_heat_counts = np.concatenate([self.gpu_heat_counts, np.zeros((extra, 2))])
+        grow_rows(self, self.GPU_ARRAYS, n, {"gpu_rack": -1, "gpu_win": -1})
 
     def add(self, rack_ids: npt.NDArray[np.int64], gpu_ids: npt.NDArray[np.int64],
             feats: npt.NDArray[np.float32], judged_c: npt.NDArray[np.float64], ts_ms: int,

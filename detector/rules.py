@@ -176,6 +176,7 @@ from detector.features import (
     same_peers_moved,
 )
 from detector.settling import Settling
+from detector.state_arrays import grow_rows
 from detector.thermal_model import DWELL_BINS, TAUS_S, load_state
 from schemas.records import Severity
 
@@ -547,13 +548,7 @@ class RuleBook:
         """... and the range of its thermal model's predictions meanwhile (NaN: none)."""
 
     def ensure(self, n: int) -> None:
-        extra = n - len(self.run)
-        if extra <= 0:
-            return
-        for k in self.ARRAYS:
-            arr = getattr(self, k)
-            pad = np.zeros((extra, *arr.shape[1:]), dtype=arr.dtype)
-            setattr(self, k, np.concatenate([arr, pad]))
+        grow_rows(self, self.ARRAYS, n)
         self.excess_settling.ensure(n)
 
     def conditions(

@@ -23,6 +23,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from detector.state_arrays import grow_rows
+
 __all__ = ["FALL_SHARE", "SPAN_S", "Settling", "settle_level"]
 
 SPAN_S: Final = 10.0
@@ -62,11 +64,7 @@ class Settling:
         """Whether the last closed span's fall heads under half the bar."""
 
     def ensure(self, n: int) -> None:
-        extra = n - len(self.start_ms)
-        if extra > 0:
-            for k in self.ARRAYS:
-                arr = getattr(self, k)
-                setattr(self, k, np.concatenate([arr, np.zeros(extra, dtype=arr.dtype)]))
+        grow_rows(self, self.ARRAYS, n)
 
     def step(self, ids: npt.NDArray[np.int64], x: npt.NDArray[np.float64], ts_ms: int,
              tau_s: npt.NDArray[np.float64], bar_c: npt.NDArray[np.float64]

@@ -44,6 +44,8 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from detector.state_arrays import grow_rows
+
 __all__ = ["GATHERED_FOLD", "FoldKind", "FoldedSteps", "StepFold"]
 
 
@@ -234,19 +236,7 @@ class StepFold:
         return len(self.phase)
 
     def ensure(self, n: int) -> None:
-        extra = n - self.n
-        if extra <= 0:
-            return
-        k = len(self.kinds)
-        self.phase = np.concatenate([self.phase, np.full(extra, -1, dtype=np.int64)])
-        self.interval = np.concatenate([self.interval, np.zeros(extra)])
-        self.last_gap = np.concatenate([self.last_gap, np.zeros(extra)])
-        self.step = np.concatenate([self.step, np.zeros(extra, dtype=np.int64)])
-        self.done = np.concatenate([self.done, np.full(extra, _NO_STEP, dtype=np.int64)])
-        self.last_ts = np.concatenate([self.last_ts, np.zeros(extra, dtype=np.int64)])
-        self.count = np.concatenate([self.count, np.zeros(extra, dtype=np.int64)])
-        self.acc = np.concatenate([self.acc, np.zeros((extra, k))])
-        self.nfin = np.concatenate([self.nfin, np.zeros((extra, k), dtype=np.int64)])
+        grow_rows(self, self.ARRAYS, n, {"phase": -1, "done": _NO_STEP})
 
     def add(self, ids: npt.NDArray[np.int64], ts_ms: npt.NDArray[np.int64],
             rows: npt.NDArray[np.float64]) -> FoldedSteps:

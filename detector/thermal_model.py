@@ -37,6 +37,8 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from detector.state_arrays import grow_rows
+
 __all__ = ["DWELL_BINS", "TAUS_S", "WARMUP_STEPS", "ThermalModels"]
 
 TAUS_S: Final = np.array([2.0, 4.0, 15.0, 45.0, 120.0])
@@ -252,15 +254,7 @@ class ThermalModels:
         return len(self.n)
 
     def ensure(self, n: int) -> None:
-        extra = n - len(self.n)
-        if extra <= 0:
-            return
-        for name in self.ARRAYS:
-            arr = getattr(self, name)
-            pad = np.zeros((extra, *arr.shape[1:]), dtype=arr.dtype)
-            if name == "best":
-                pad[:] = _DEFAULT_LAG
-            setattr(self, name, np.concatenate([arr, pad]))
+        grow_rows(self, self.ARRAYS, n, {"best": _DEFAULT_LAG})
 
     def step(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
              power: npt.NDArray[np.float64], ts_ms: int

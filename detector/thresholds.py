@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from detector.state_arrays import grow_rows
+
 __all__ = ["AdaptiveThresholds", "ThresholdParams"]
 
 
@@ -52,10 +54,7 @@ class AdaptiveThresholds:
         self.var = np.zeros(0)
 
     def ensure(self, n: int) -> None:
-        if n > len(self.count):
-            extra = n - len(self.count)
-            for k in self.ARRAYS:
-                setattr(self, k, np.concatenate([getattr(self, k), np.zeros(extra)]))
+        grow_rows(self, self.ARRAYS, n)
 
     def threshold(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         p = self.params
