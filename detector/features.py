@@ -64,6 +64,7 @@ __all__ = [
     "FeatureState",
     "RuleContext",
     "evidence_rate",
+    "follow_floor",
     "gather",
     "gather_evidence",
     "group_median",
@@ -427,6 +428,18 @@ def gather_evidence(before: npt.NDArray[np.float64], on: npt.NDArray[np.bool_],
     no evidence either way, what was gathered fading over ``fade_s``."""
     faded = np.where(clear, 0.0, before * np.exp(-dt_s / fade_s))
     return np.where(on, np.where(before > 0, before + gain_s, 1e-9), faded)
+
+
+def follow_floor(floor: npt.NDArray[np.float64], x: npt.NDArray[np.float64],
+                 cool: npt.NDArray[np.bool_], judged: npt.NDArray[np.bool_] | bool = True
+                 ) -> npt.NDArray[np.float64]:
+    """A recovery's floor after one step: the least a figure read since its alert ended as
+    the trouble did (0: none), following its decay down and gone once it reads ``cool``;
+    kept as it was where the step is not ``judged``. A heat still shedding a trouble that is
+    over is the same recovery, so a new alert must rise a bar above this floor."""
+    followed = np.where(cool, 0.0, np.where(floor > 0, np.fmin(floor, np.maximum(x, 0.0)),
+                                            floor))
+    return np.where(judged, followed, floor)
 
 
 def evidence_rate(excess: npt.NDArray[np.float64], bar: npt.NDArray[np.float64] | float,

@@ -66,7 +66,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from detector.features import evidence_rate, gather_evidence
+from detector.features import evidence_rate, follow_floor, gather_evidence
 from detector.settling import FALL_SHARE, settle_level
 from detector.state_arrays import grow_rows
 
@@ -154,8 +154,7 @@ class RackHeat:
         x = heat_c[counts] - base
         rows = np.flatnonzero(counts)
         cool = x < 0.5 * self.excess_c
-        # A recovered rack's floor follows its decay down and is gone once it is cool.
-        floor = np.where(cool, 0.0, np.minimum(self.floor_c[racks], np.maximum(x, 0.0)))
+        floor = follow_floor(self.floor_c[racks], x, cool)
         learned = self.learned_s[racks] >= LEARNED_S
         hot = full & learned & (x >= self.excess_c) & (x >= floor + self.excess_c)
         # A window that is not hot starts the evidence over (a rack's heat is a quartile of

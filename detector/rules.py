@@ -168,6 +168,7 @@ from detector.features import (
     THROTTLE_SW_THERMAL,
     RuleContext,
     evidence_rate,
+    follow_floor,
     gather_evidence,
     held_since,
     node_median,
@@ -1145,10 +1146,7 @@ class RuleBook:
         # ``rack_heat`` does, it must rise a bar above the least it read since
         # (``rest_floor_c``) to gather again: a die still cooling from 25 degC above its
         # place is the same recovery, not a new fault, until it reads cool.
-        floor = np.where(judged & (above < 0.5 * bar), 0.0,
-                         np.where(judged & (self.rest_floor_c[ids] > 0),
-                                  np.fmin(self.rest_floor_c[ids], np.maximum(above, 0.0)),
-                                  self.rest_floor_c[ids]))
+        floor = follow_floor(self.rest_floor_c[ids], above, above < 0.5 * bar, judged)
         hot = judged & (above >= np.where(held_long, 0.5 * bar, bar)) & (above >= floor + bar)
         cleared = judged & (above < 0.5 * bar)
         evidence = gather_evidence(before, hot, cleared, evidence_rate(above, bar) * dt_s,
