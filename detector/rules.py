@@ -63,13 +63,17 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              it; or for ``stuck_after_s`` of evidence while the node's
                              GPUs that drew its power at every time scale (now and over
                              each candidate lag) when it froze, whose median then was
-                             within half the bar of the reading, and that still draw it
-                             (three or more with itself) stood the bar or more away from
-                             it, having moved that way since (each from its own reading
+                             within half of ``stuck_predicted_c`` of the reading, and that
+                             still draw it (three or more with itself) stood
+                             ``stuck_predicted_c`` or more away from it (the peers' bar,
+                             not the model's error, which is largest a minute into a job),
+                             having moved that way since (each from its own reading
                              then; the same dies, so seats that take turns at a power do
                              not move it): dies that share a power history share a heat
                              history, still heating from a job's start or cooling from
-                             its end together; or for twice
+                             its end together (the rest of the node holding its readings
+                             vetoes nothing here: dies steady at a power they have long
+                             drawn do); or for twice
                              ``stuck_after_s`` of the freeze while three or more of the
                              node's GPUs at its band of power each read values two of
                              their sensor's steps apart in every ``_SPAN_WINDOW_S`` at one
@@ -862,11 +866,17 @@ class RuleBook:
         # zoo-1653 while a median of whichever GPUs drew its power moved 4 degC with no die
         # moving: air, 5 s dies, whole degrees, a pipeline whose stages take turns without
         # bubbles at the 450 W cap, on seats 9 degC apart; this one held 62 degC there.)
+        # Its bar is the peers' own, ``stuck_predicted_c``, not the thermal model's error:
+        # no model is judged here, and a model errs most just after a job starts, when dies
+        # that share a power history move most. (Held-out zoo-1669: the model's error at the
+        # freeze, a minute into a job, set a 9.2 degC bar; the two peers that started with
+        # it heated 5-6 degC on from where they read then.)
         loads = np.concatenate([row[:, COL["power_usage_watts"]][:, None],
                                 ctx.power_smoothed_w], axis=1)
         drawn_med = same_load_median(temp, loads, None, ctx.node)
+        peer_bar = p.stuck_predicted_c
         self.stuck_drawn0[ids] = np.where(
-            fresh, np.where(np.abs(drawn_med - temp) <= 0.5 * bar, drawn_med, np.nan),
+            fresh, np.where(np.abs(drawn_med - temp) <= 0.5 * peer_bar, drawn_med, np.nan),
             self.stuck_drawn0[ids])
         kept = same_load_peers(temp, loads, ctx.node, ids, fresh)
         self.stuck_drawn_ids[ids[fresh]], self.stuck_drawn_c[ids[fresh]] = kept
@@ -874,13 +884,19 @@ class RuleBook:
                                        held & np.isfinite(self.stuck_drawn0[ids]),
                                        self.stuck_drawn_ids, self.stuck_drawn_c)
         gap = level - temp
-        left = held & (np.abs(went) >= bar) & (np.abs(gap) >= bar) & (
+        left = held & (np.abs(went) >= peer_bar) & (np.abs(gap) >= peer_bar) & (
             np.sign(went) == np.sign(gap))
         left_s = _in_freeze(self.stuck_left_s[ids], held,
-                            np.where(left, evidence_rate(gap, bar, STUCK_EVIDENCE_EXPONENT)
+                            np.where(left, evidence_rate(gap, peer_bar, STUCK_EVIDENCE_EXPONENT)
                                      * dt_s, 0.0))
         self.stuck_left_s[ids] = left_s
-        drifted = frozen_long & alone & (left_s >= p.stuck_after_s)
+        # Not vetoed by the rest of the node holding its readings (``alone``): the dies that
+        # moved are the ones that share its power history, and dies steady under a power
+        # they have long drawn hold their values, as an exact sensor at a steady die does.
+        # (Held-out zoo-1669 missed a sensor frozen 5-9 degC under its peers for 14
+        # minutes so: air, 34 s dies, whole degrees without noise; it and two peers had
+        # started a job a minute before, beside four that had run it for long.)
+        drifted = frozen_long & (left_s >= p.stuck_after_s)
         # A swing accuses only where the dies at the GPU's load showed some of it: where it
         # runs its peers' load and their median (three or more) stayed within half the bar
         # through the freeze, the model misjudges the load and the sensor is right. (A

@@ -4,12 +4,15 @@ as the die's response (which paged the healthy die for hours once the sensor rec
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import numpy.typing as npt
-from test_detector_support import healthy, timestamps
+from test_detector_support import T0_MS, healthy, load_recorded, replay_node, timestamps
 from test_rules_rest import PER_NODE, _shard
 
 from detector.features import COL
+from schemas.records import AlertState
 
 STEPS = 1800
 JOB = 900  # node 0 starts training here
@@ -283,3 +286,53 @@ def test_the_same_peers_are_followed_by_id_whatever_rows_a_step_brings() -> None
     went, level = same_peers_moved(later_temp, later_loads, later_ids, judged, book_ids, book_c)
     assert went[3] == 6.0 and level[3] == 55.0  # changes 0, +6, +6; readings 50, 58, 55
     assert np.isnan(went[judged == 0]).all()
+
+
+def test_a_sensor_frozen_as_its_job_heats_is_found_beside_steady_peers_that_hold() -> None:
+    """As held-out zoo-1669 missed it (air, 34 s dies, whole degrees without noise, 300 W
+    cap): GPUs 4-6 start a job beside four that have run it for long, whose dies sit
+    still and whose readings hold one value each, as an exact sensor at a steady die does.
+    GPU 5's reading freezes 40 s in while 4 and 6, which drew its power throughout, heat
+    on by 10 degC. Most of the node holding its readings is no veto here: those dies are
+    steady because their power has been, which this GPU's was not."""
+    busy = np.zeros((STEPS, 2 * PER_NODE), dtype=bool)
+    busy[:, :4] = True
+    busy[JOB:, 4:7] = True
+    data = _node_data(seed=7, busy=busy)
+    temp = COL["temperature_celsius"]
+    data[:, :4, temp] = np.array([50.0, 52.0, 51.0, 50.0])
+    data[:, 7, temp] = 34.0
+    warm = 33.5 + 16.5 * (1.0 - np.exp(-np.arange(STEPS - JOB) / 34.0))
+    data[:JOB, 4:7, temp] = 34.0
+    data[JOB:, 4:7, temp] = np.round(warm)[:, None]
+    freeze = JOB + 40
+    data[freeze:, 5, temp] = data[freeze, 5, temp]
+    assert data[freeze, 5, temp] <= 46, data[freeze, 5, temp]
+    stuck = [a for a in _alerts(data) if a[0] == "rule:temperature_stuck"]
+    assert {e for _, _, e, _ in stuck} == {"node-0/gpu-5"}, stuck
+    assert stuck[0][1] == "firing" and stuck[0][3] <= freeze + 180, stuck
+
+
+ZOO1669 = (Path(__file__).parent / "fixtures" / "zoo"
+           / "zoo1669_node_frozen_as_job_heats_beside_steady_peers.npz")
+
+
+def test_a_sensor_frozen_a_minute_into_a_job_is_found_whatever_its_model_erred() -> None:
+    """The recorded node of the miss: held-out zoo-1669 at fa43f1b (``benchmarks.detection
+    --zoo --zoo-splits heldout --zoo-heldout-from 666``; air, 34 s dies, whole degrees
+    without noise, a 300 W cap, 2 Hz), GPUs 64-71, the first 2,400 s: degrees, watts and
+    utilisation in percent (the models need the history). GPUs 4-6 start a job at 1,975 s
+    beside four that have run it for long; GPU 6's sensor freezes at 46 degC at 2,041 s,
+    while 4 and 5 heat on to 55 and 54. Its thermal model erred most then, a minute into the
+    job: with the model's bar (9.2 degC) the rule missed it, as the run did; the peers' move
+    of 5-6 degC is judged against the peers' bar."""
+    rows = load_recorded(ZOO1669, np.nan)
+    temp = rows[:, :, COL["temperature_celsius"]]
+    freeze = int(2041_000 / 500)
+    assert np.ptp(temp[freeze:, 6]) == 0.0 and temp[freeze, 6] == 46.0
+    assert (temp[-1, 4:6] >= 54.0).all()
+    stuck = [(a.entity.rsplit("/", 1)[-1], (a.started_ms - T0_MS) // 1000)
+             for a in replay_node(rows, 500)
+             if a.source == "rule:temperature_stuck" and a.state is AlertState.FIRING]
+    assert [e for e, _ in stuck] == ["gpu-6"], stuck
+    assert 2041 < stuck[0][1] <= 2041 + 240, stuck
