@@ -113,8 +113,11 @@ The draws now run to 1998 (every draw below 1600 is the one it was; 999 of them,
 1590-1591 zoo-run at 12f2852 (the run stopped at 1592 on a scoring IndexError, b769438),
 1590-1595 zoo-run at ef57bfa (1590 studied), 1596-1621 soaked at ef57bfa. Then 1622-1627
 zoo-run at 3dc4e60 (1625 and 1626 studied), 1628-1633 at b6542cf (1629 and 1633 studied),
-1634-1639 at 73b8f5a (1635 studied), 1640-1665 soaked at 73b8f5a, so the next zoo starts at
-index 666 (draw 1666), the next soak at index 672 (draw 1672)."""
+1634-1639 at 73b8f5a (1635 studied), 1640-1665 soaked at 73b8f5a. Then 1666-1671 zoo-run at
+fa43f1b (1669 and 1671 studied, 1669 and 1671 rerun at 511aa9a), 1672-1697 soaked at
+8425856 (a soak of fa43f1b on them was stopped after five minutes for 8425856, its output
+not read), 1698-1703 zoo-run at 8425856 (1702 studied), so the next zoo starts at index
+704 (draw 1704), the next soak at index 710 (draw 1710)."""
 
 
 @dataclass(frozen=True, slots=True)
