@@ -469,16 +469,16 @@ class RuleBook:
         """... and how many times it has gone from one side to the other since."""
         self.stuck_drawn0 = np.zeros(0)
         """The median reading of the node's GPUs that drew this one's power at every time
-        scale, when its reading last changed, if it read within half the bar of it (NaN:
-        it did not, or fewer than three drew it) ..."""
+        scale, when its reading last changed, if it read within half of
+        ``stuck_predicted_c`` of it (NaN: it did not, or fewer than three drew it) ..."""
         self.stuck_drawn_ids = np.zeros((0, PEERS_KEPT), dtype=np.int64)
         self.stuck_drawn_c = np.zeros((0, PEERS_KEPT))
         """... those GPUs, other than itself (``features.same_load_peers``: id + 1, 0 for
         none), and their readings then ..."""
         self.stuck_left_s = np.zeros(0)
         """... and the seconds of evidence (``features.evidence_rate``) in the current freeze
-        that the same GPUs, those still drawing its power, moved the bar away from the held
-        reading since (their median change, and their median now)."""
+        that the same GPUs, those still drawing its power, moved ``stuck_predicted_c`` away
+        from the held reading since (their median change, and their median now)."""
         self.stuck_flow_s = np.zeros(0)
         """Seconds in the current freeze while three or more of the node's GPUs at its band of
         power reported and each of their readings spanned two steps in ``_SPAN_WINDOW_S``."""
