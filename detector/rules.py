@@ -77,7 +77,8 @@ temperature_stuck  warning   the die temperature reading has stayed identical wh
                              ``stuck_after_s`` of the freeze while three or more of the
                              node's GPUs at its band of power each read values two of
                              their sensor's steps apart in every ``_SPAN_WINDOW_S`` at one
-                             load (smoothed power within ``_STILL_W``), and
+                             load (smoothed power within ``_STILL_W``, and none moved
+                             over twice as far as its own did, ``_FLAT_W`` at least), and
                              it has held twice ``stuck_after_s`` and ten times its longest
                              run at that power (after 30 runs there): no die of that load
                              covers two steps without crossing one.
@@ -325,6 +326,13 @@ among three others cannot move it."""
 _SPAN_WINDOW_S: Final = 30.0
 """Windows a die's wandering is measured in (``temperature_stuck``'s path of peers that keep
 moving): short against any die's lag under a steady load, long enough for a few readings."""
+_FLAT_W: Final = 5.0
+"""How far peers' smoothed power may move in a window, whatever the judged GPU's did, for
+their wandering to say anything of a die whose own power held still (``temperature_stuck``'s
+path of peers that keep moving): a steady load's smoothed draw moves by its noise, a few
+watts; past this, they must not have moved more than twice as far as it did. (A die reads
+its smoothed power times its heat path's resistance, 0.03-0.17 degC/W: 14 W of ripple is
+2 degC on an air-cooled die, ten steps of an exact 0.1 degC sensor.)"""
 _STILL_W: Final = 100.0
 """How far a GPU's smoothed power may move in a window of ``_SPAN_WINDOW_S`` for its readings'
 span to count as wandering at one load (``RuleBook._wanders``): one band of power of the
@@ -386,7 +394,7 @@ class RuleBook:
               "stuck_fit_ms", "stuck_fit_bin", "stuck_fit0", "stuck_drawn0", "stuck_drawn_ids",
               "stuck_drawn_c", "stuck_left_s", "stuck_flow_s",
               "temp_step_c", "span_ms", "span_lo", "span_hi", "span_c", "span_pw_lo",
-              "span_pw_hi", "span_still",
+              "span_pw_hi", "span_still", "span_moved_w",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s",
               "rest_peak_c", "rest_floor_c",
@@ -494,8 +502,9 @@ class RuleBook:
         """... the range of its power smoothed with its chosen lag in it ..."""
         self.span_c = np.zeros(0)
         self.span_still = np.zeros(0, dtype=bool)
-        """... and in the last whole window, the range of the readings (0: none) and whether
-        that power moved less than ``_STILL_W``."""
+        self.span_moved_w = np.zeros(0)
+        """... and in the last whole window, the range of the readings (0: none), whether
+        that power moved less than ``_STILL_W``, and how far it moved (W)."""
         self.run_max_s = np.zeros((0, DWELL_BINS))
         """Longest run of identical readings this sensor showed, per band of power (decaying
         over a day) ..."""
@@ -744,10 +753,21 @@ class RuleBook:
         # pipeline-parallel node whose GPUs each dipped to 130 W for a bubble in turn
         # (zoo-1584: air, 2.8 s dies, whole degrees); a stage without bubbles held 52 degC
         # at 600 W, as a fast die at a steady load does, while its peers' readings spanned
-        # degrees in every window with their own dips.
+        # degrees in every window with their own dips. Nor do peers whose load moved more
+        # than this GPU's did (``_FLAT_W``): two steps of an exact 0.1 degC sensor are 0.2
+        # degC, which a peer covers with any move of its own load, while a die at a flat
+        # power holds it. (The held-out soak of 8425856 paged twice so, on its two profiles
+        # with such sensors: zoo-1693, a pipeline stage without bubbles at a flat 300 W
+        # holding 66.7 degC while its peers dipped to 50 W for theirs; zoo-1696, an idle GPU
+        # holding 33.4 degC while peers that had just gone idle cooled.)
         same_band = ctx.node * DWELL_BINS + band
         reporting_b = _others(has_temp, same_band)
-        flowing = (reporting_b >= 3) & (_others(wanders, same_band) == reporting_b)
+        _, band_of = np.unique(same_band, return_inverse=True)
+        band_moved = np.zeros(int(band_of.max()) + 1 if len(band_of) else 0)
+        np.maximum.at(band_moved, band_of, np.where(has_temp, self.span_moved_w[ids], 0.0))
+        like_load = band_moved[band_of] <= np.maximum(2.0 * self.span_moved_w[ids], _FLAT_W)
+        flowing = ((reporting_b >= 3) & (_others(wanders, same_band) == reporting_b)
+                   & like_load)
         flow_s = _in_freeze(self.stuck_flow_s[ids], held, np.where(flowing, dt_s, 0.0))
         self.stuck_flow_s[ids] = flow_s
         unlike_all = held & outlasted & (flow_s >= 2.0 * p.stuck_after_s)
@@ -1066,6 +1086,8 @@ class RuleBook:
         moved = self.span_pw_hi[ids] - self.span_pw_lo[ids]
         still = np.where(whole, moved < _STILL_W, has & self.span_still[ids])
         self.span_still[ids] = still
+        self.span_moved_w[ids] = np.where(whole, moved,
+                                          np.where(has, self.span_moved_w[ids], 0.0))
         fresh = has & ((start == 0) | whole)
         self.span_pw_lo[ids] = np.where(fresh, power_w, np.fmin(self.span_pw_lo[ids], power_w))
         self.span_pw_hi[ids] = np.where(fresh, power_w, np.fmax(self.span_pw_hi[ids], power_w))

@@ -97,3 +97,31 @@ def test_a_steady_stage_beside_peers_whose_readings_follow_their_bubbles_is_not_
     x[:, :PER_NODE, COL["memory_temperature_celsius"]] = np.round(die + 5)
     assert np.ptp(x[FREEZE + 5:, 2, COL["temperature_celsius"]]) == 0
     assert _stuck(x) == []
+
+
+def test_a_flat_stage_read_by_an_exact_sensor_beside_bubbling_peers_is_not_frozen() -> None:
+    """Exact 0.1 degC sensors without noise on 17 s dies (the held-out soak's zoo-1693 kind):
+    a node at a 300 W cap whose GPUs dip to 50 W for a second of every four in turn; their
+    lag-smoothed power ripples by about 14 W, well within one load (``_STILL_W``), and their
+    dies by 2 degC, twenty steps. GPU 2's stage runs without bubbles from ``FREEZE`` on, at
+    a flat 300 W, and its die reads one value: healthy. Its peers' readings moved with
+    their own load, which its did not."""
+    x = _steady_node(0.1, 0.0, np.full((STEPS, PER_NODE), 60.0))
+    t = np.arange(STEPS)
+    power = np.full((STEPS, PER_NODE), 300.0)
+    for g in range(PER_NODE):
+        dip = (t + g) % 4 == 0
+        if g == 2:
+            dip &= t < FREEZE
+        power[dip, g] = 50.0
+    die = np.empty_like(power)
+    die[0] = 22.0 + 0.15 * power[0]
+    keep = np.exp(-1.0 / 17.0)
+    for s in range(1, STEPS):
+        die[s] = die[s - 1] * keep + (22.0 + 0.15 * power[s]) * (1.0 - keep)
+    x[:, :PER_NODE, COL["power_usage_watts"]] = power
+    x[:, :PER_NODE, COL["utilization_ratio"]] = np.where(power > 200, 0.95, 0.2)
+    x[:, :PER_NODE, COL["temperature_celsius"]] = np.round(die, 1)
+    x[:, :PER_NODE, COL["memory_temperature_celsius"]] = np.round(die + 5)
+    assert np.ptp(x[FREEZE + 120:, 2, COL["temperature_celsius"]]) == 0
+    assert _stuck(x) == []
