@@ -45,6 +45,25 @@ def _stuck(data: npt.NDArray[np.float64]) -> list[tuple[str, int]]:
             for a in got if a.source == "rule:temperature_stuck"]
 
 
+def _bubbling_node(full_w: float, dip_w: float, dips: npt.NDArray[np.bool_], inlet_c: float,
+                   c_per_w: float, lag_s: float, step_c: float) -> npt.NDArray[np.float64]:
+    """``_steady_node`` with node 0 running a pipeline: each GPU at ``full_w`` but at
+    ``dip_w`` where ``dips`` (steps, 8) says, its die at ``inlet_c`` plus ``c_per_w`` times
+    its power followed with ``lag_s``, read exactly to ``step_c``."""
+    x = _steady_node(step_c, 0.0, np.full((STEPS, PER_NODE), 60.0))
+    power = np.where(dips, dip_w, full_w)
+    die = np.empty_like(power)
+    die[0] = inlet_c + c_per_w * power[0]
+    keep = np.exp(-1.0 / lag_s)
+    for s in range(1, STEPS):
+        die[s] = die[s - 1] * keep + (inlet_c + c_per_w * power[s]) * (1.0 - keep)
+    x[:, :PER_NODE, COL["power_usage_watts"]] = power
+    x[:, :PER_NODE, COL["utilization_ratio"]] = np.where(power > 0.7 * full_w, 0.95, 0.2)
+    x[:, :PER_NODE, COL["temperature_celsius"]] = np.round(die / step_c) * step_c
+    x[:, :PER_NODE, COL["memory_temperature_celsius"]] = np.round(die + 5)
+    return x
+
+
 def test_a_sensor_frozen_among_peers_whose_readings_wander_is_found() -> None:
     """Half-degree sensors with 0.45 degC of noise at a steady 400 W (tuning zoo-7's kind):
     each peer's readings span a degree or more every half minute, so GPU 2's reading held for
@@ -78,23 +97,10 @@ def test_a_steady_stage_beside_peers_whose_readings_follow_their_bubbles_is_not_
     spans degrees in each half minute, with its own dips. GPU 2's stage runs without bubbles
     from ``FREEZE`` on and its die, at one steady load, reads one value: healthy. Its peers'
     readings moved with their load, so they say nothing of how a die at one load wanders."""
-    x = _steady_node(1.0, 0.0, np.full((STEPS, PER_NODE), 52.0))
-    t = np.arange(STEPS)
-    power = np.full((STEPS, PER_NODE), 600.0)
-    for g in range(PER_NODE):
-        dip = (t + 3 * g) % 24 < 6
-        if g == 2:
-            dip &= t < FREEZE
-        power[dip, g] = 130.0
-    die = np.empty_like(power)
-    die[0] = 30.0 + 0.037 * power[0]
-    keep = np.exp(-1.0 / 2.8)
-    for s in range(1, STEPS):
-        die[s] = die[s - 1] * keep + (30.0 + 0.037 * power[s]) * (1.0 - keep)
-    x[:, :PER_NODE, COL["power_usage_watts"]] = power
-    x[:, :PER_NODE, COL["utilization_ratio"]] = np.where(power > 300, 0.95, 0.2)
-    x[:, :PER_NODE, COL["temperature_celsius"]] = np.round(die)
-    x[:, :PER_NODE, COL["memory_temperature_celsius"]] = np.round(die + 5)
+    t = np.arange(STEPS)[:, None]
+    dips = (t + 3 * np.arange(PER_NODE)) % 24 < 6
+    dips[FREEZE:, 2] = False
+    x = _bubbling_node(600.0, 130.0, dips, 30.0, 0.037, 2.8, 1.0)
     assert np.ptp(x[FREEZE + 5:, 2, COL["temperature_celsius"]]) == 0
     assert _stuck(x) == []
 
@@ -106,22 +112,9 @@ def test_a_flat_stage_read_by_an_exact_sensor_beside_bubbling_peers_is_not_froze
     dies by 2 degC, twenty steps. GPU 2's stage runs without bubbles from ``FREEZE`` on, at
     a flat 300 W, and its die reads one value: healthy. Its peers' readings moved with
     their own load, which its did not."""
-    x = _steady_node(0.1, 0.0, np.full((STEPS, PER_NODE), 60.0))
-    t = np.arange(STEPS)
-    power = np.full((STEPS, PER_NODE), 300.0)
-    for g in range(PER_NODE):
-        dip = (t + g) % 4 == 0
-        if g == 2:
-            dip &= t < FREEZE
-        power[dip, g] = 50.0
-    die = np.empty_like(power)
-    die[0] = 22.0 + 0.15 * power[0]
-    keep = np.exp(-1.0 / 17.0)
-    for s in range(1, STEPS):
-        die[s] = die[s - 1] * keep + (22.0 + 0.15 * power[s]) * (1.0 - keep)
-    x[:, :PER_NODE, COL["power_usage_watts"]] = power
-    x[:, :PER_NODE, COL["utilization_ratio"]] = np.where(power > 200, 0.95, 0.2)
-    x[:, :PER_NODE, COL["temperature_celsius"]] = np.round(die, 1)
-    x[:, :PER_NODE, COL["memory_temperature_celsius"]] = np.round(die + 5)
+    t = np.arange(STEPS)[:, None]
+    dips = (t + np.arange(PER_NODE)) % 4 == 0
+    dips[FREEZE:, 2] = False
+    x = _bubbling_node(300.0, 50.0, dips, 22.0, 0.15, 17.0, 0.1)
     assert np.ptp(x[FREEZE + 120:, 2, COL["temperature_celsius"]]) == 0
     assert _stuck(x) == []
