@@ -394,7 +394,7 @@ class RuleBook:
               "stuck_fit_ms", "stuck_fit_bin", "stuck_fit0", "stuck_drawn0", "stuck_drawn_ids",
               "stuck_drawn_c", "stuck_left_s", "stuck_flow_s",
               "temp_step_c", "span_ms", "span_lo", "span_hi", "span_c", "span_pw_lo",
-              "span_pw_hi", "span_still", "span_moved_w",
+              "span_pw_hi", "span_moved_w",
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s",
               "rest_peak_c", "rest_floor_c",
@@ -501,10 +501,9 @@ class RuleBook:
         self.span_pw_hi = np.zeros(0)
         """... the range of its power smoothed with its chosen lag in it ..."""
         self.span_c = np.zeros(0)
-        self.span_still = np.zeros(0, dtype=bool)
         self.span_moved_w = np.zeros(0)
-        """... and in the last whole window, the range of the readings (0: none), whether
-        that power moved less than ``_STILL_W``, and how far it moved (W)."""
+        """... and in the last whole window, the range of the readings (0: none) and how far
+        that power moved (W)."""
         self.run_max_s = np.zeros((0, DWELL_BINS))
         """Longest run of identical readings this sensor showed, per band of power (decaying
         over a day) ..."""
@@ -1084,10 +1083,9 @@ class RuleBook:
                         np.where(has, self.span_c[ids], 0.0))
         self.span_c[ids] = span
         moved = self.span_pw_hi[ids] - self.span_pw_lo[ids]
-        still = np.where(whole, moved < _STILL_W, has & self.span_still[ids])
-        self.span_still[ids] = still
-        self.span_moved_w[ids] = np.where(whole, moved,
-                                          np.where(has, self.span_moved_w[ids], 0.0))
+        moved = np.where(whole, moved, np.where(has, self.span_moved_w[ids], 0.0))
+        self.span_moved_w[ids] = moved
+        still = has & (moved < _STILL_W)
         fresh = has & ((start == 0) | whole)
         self.span_pw_lo[ids] = np.where(fresh, power_w, np.fmin(self.span_pw_lo[ids], power_w))
         self.span_pw_hi[ids] = np.where(fresh, power_w, np.fmax(self.span_pw_hi[ids], power_w))
@@ -1319,6 +1317,10 @@ class RuleBook:
         if "rules.stuck_drawn0" not in arrays:
             # Not known for a freeze under way (zero would read as a median of 0 degC).
             self.stuck_drawn0[:] = np.nan
+        if "rules.span_moved_w" not in arrays:
+            # Written before the move was kept, only whether it stayed under _STILL_W.
+            still = arrays.get("rules.span_still", np.zeros(len(self.span_moved_w), dtype=bool))
+            self.span_moved_w[:] = np.where(np.asarray(still, dtype=bool), 0.0, _STILL_W)
         if "rules.stuck_like_lo" not in arrays:
             self.stuck_like_lo[:] = np.nan
             self.stuck_like_hi[:] = np.nan

@@ -118,3 +118,22 @@ def test_a_flat_stage_read_by_an_exact_sensor_beside_bubbling_peers_is_not_froze
     x = _bubbling_node(300.0, 50.0, dips, 22.0, 0.15, 17.0, 0.1)
     assert np.ptp(x[FREEZE + 120:, 2, COL["temperature_celsius"]]) == 0
     assert _stuck(x) == []
+
+
+def test_a_checkpoint_from_before_the_move_was_kept_keeps_which_windows_were_still() -> None:
+    """A checkpoint that kept only whether each GPU's last window was still (``span_still``,
+    before its move in watts) restores still windows as still and the others as not, so the
+    window under way judges as it would have."""
+    from detector.rules import _STILL_W, RuleBook, RuleParams
+
+    book = RuleBook(RuleParams())
+    book.ensure(3)
+    arrays = {k: v for k, v in book.state_arrays().items() if k != "rules.span_moved_w"}
+    arrays["rules.span_still"] = np.array([True, False, True])
+    again = RuleBook(RuleParams())
+    again.load_arrays(arrays)
+    assert list(again.span_moved_w < _STILL_W) == [True, False, True]
+    # Older still, with neither: no window counts as still.
+    del arrays["rules.span_still"]
+    again.load_arrays(arrays)
+    assert not (again.span_moved_w < _STILL_W).any()
