@@ -228,6 +228,9 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
     per_kind: dict[str, list[int]] = {}
     delays: list[float] = []
     missed: list[dict[str, Any]] = []
+    # Each fault found: what it was, how late, and the source that found it first (where
+    # the delay comes from, which the medians do not say).
+    found_faults: list[dict[str, Any]] = []
     delays_by_kind: dict[str, list[float]] = {}
     # Delays of faults at full strength from their first second (no ramp): a ramp's delay
     # also counts the minutes it spent too small to see, which is the fault's, not the rule's.
@@ -247,12 +250,19 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
                 latent[kind] = latent.get(kind, 0) + 1
                 continue
             onset = max(start, min(shown))
-        found = [e.start_s - onset for e in episodes
-                 if start <= e.start_s <= end + GRACE_S and np.isin(e.gpus, gpus).any()]
+        hits = [e for e in episodes
+                if start <= e.start_s <= end + GRACE_S and np.isin(e.gpus, gpus).any()]
+        found = [e.start_s - onset for e in hits]
         per_kind.setdefault(kind, []).append(1 if found else 0)
         if found:
             delays.append(max(0.0, min(found)))
             delays_by_kind.setdefault(kind, []).append(round(delays[-1], 1))
+            first = min(hits, key=lambda e: e.start_s)
+            lab = labs[0]
+            found_faults.append({"kind": kind, "gpu": int(gpus[0]), "gpus": len(gpus),
+                                 "magnitude": lab.get("magnitude"),
+                                 "ramp_s": max((x.get("ramp_s") or 0.0) for x in labs),
+                                 "delay_s": round(delays[-1], 1), "source": first.source})
             if not any((lab.get("ramp_s") or 0.0) > 0.0 for lab in labs):
                 delays_abrupt.append(delays[-1])
         else:
@@ -308,6 +318,7 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
         "delays_abrupt_s": [round(d, 1) for d in sorted(delays_abrupt)],
         "delays_by_kind": {k: sorted(v) for k, v in sorted(delays_by_kind.items())},
         "missed": missed,
+        "found_faults": found_faults,
         "normal_steps": int(normal.sum()),
         "outside_steps_by_source": dict(sorted(fpr_steps.items())),
     }

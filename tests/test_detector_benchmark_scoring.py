@@ -80,6 +80,10 @@ def test_the_abrupt_delay_leaves_out_faults_that_ramp() -> None:
     r = evaluate(fleet, episodes, cold_start_s=100.0)
     assert r["delays_s"] == [30.0, 90.0] and r["median_delay_s"] == 60.0
     assert r["delays_abrupt_s"] == [30.0] and r["median_delay_abrupt_s"] == 30.0
+    # Each fault found says what it was and which source found it first, and when.
+    assert [(f["kind"], f["ramp_s"], f["delay_s"], f["source"], f["gpus"])
+            for f in r["found_faults"]] == [("straggler", 300.0, 90.0, "rule", 1),
+                                            ("cooling_rack", 0.0, 30.0, "rack", 2)]
 
 
 def test_overlapping_false_episodes_on_one_rack_are_one_incident() -> None:
