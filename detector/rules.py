@@ -118,9 +118,9 @@ thermal_excess     warning   the die reads ``excess_c`` (and 4 times the model's
                              And with no thermal model: a die ``peer_excess_c`` above the
                              median of its node's GPUs that drew its power now and smoothed
                              over each candidate lag (three or more), beyond its seat learned
-                             per band of power, for ``excess_after_s``: on one inlet and one
-                             heat, dies differ by their seats alone
-                             (``RuleBook._hot_beside_peers``).
+                             per band of power, for ``excess_after_s`` of evidence (a step
+                             under the bar starts over): on one inlet and one heat, dies
+                             differ by their seats alone (``RuleBook._hot_beside_peers``).
 clock_deficit      warning   a busy GPU (``utilization >= 80 %``) runs its SM clock
                              ``deficit_ratio`` or more below the clock it should (its busy node
                              peers' median, or its own highest), or a working one (30 %) three
@@ -146,8 +146,8 @@ gpu_lost           critical  the GPU stopped reporting: every metric NaN, or no 
 =================  ========  ========================================================================
 
 Every window is in seconds of event time, so a rule means the same at 0.2 Hz and at 10 Hz.
-Where a hold is gathered as evidence (``clock_deficit``, both ``thermal_excess`` paths that
-gather, the thermal-model paths of ``temperature_stuck``), a step counts for more the further
+Where a hold is gathered as evidence (``clock_deficit``, every ``thermal_excess`` path, the
+thermal-model paths of ``temperature_stuck``), a step counts for more the further
 past its bar the GPU stands: at the bar a second counts a second, one and a half bars 2.25
 seconds, twice the bar or more four (the square of the ratio, capped: ``features.evidence_rate``;
 in proportion for ``temperature_stuck``, ``STUCK_EVIDENCE_EXPONENT``), so the plainest faults
@@ -398,7 +398,7 @@ class RuleBook:
               "run_max_s", "runs_n", "excess_evidence_s", "excess_err", "excess_kplaus",
               "rest_since_ms", "rest_offset", "rest_learned_s", "rest_evidence_s",
               "rest_peak_c", "rest_floor_c",
-              "peer_offset", "peer_learned_s", "peer_hot_since_ms",
+              "peer_offset", "peer_learned_s", "peer_evidence_s",
               "deficit_evidence_s", "cap_held_w",
               "burst", "steady_lo", "steady_hi", "steady_since_ms", "steady_pmin",
               "steady_pmax")
@@ -541,8 +541,9 @@ class RuleBook:
         band of power (``_SEAT_BAND_W``): its seat ..."""
         self.peer_learned_s = np.zeros((0, DWELL_BINS))
         """... the seconds each band's seat was learned from ..."""
-        self.peer_hot_since_ms = np.zeros(0, dtype=np.int64)
-        """... and since when it has read hot for its seat (0: it does not)."""
+        self.peer_evidence_s = np.zeros(0)
+        """... and the seconds of evidence (``features.evidence_rate``) that it reads hot
+        for its seat (0: it does not)."""
         self.deficit_evidence_s = np.zeros(0)
         """Seconds of evidence that the GPU runs below its reference clock with no reason,
         weighted by how deep (0: it does not)."""
@@ -989,8 +990,7 @@ class RuleBook:
         rest_hot, rest_dev = self._hot_at_rest(ids, temp, util, dt_s, ts_ms, ctx.node)
         val[:, 6] = np.where(rest_hot & ~cond[:, 6], rest_dev, val[:, 6])
         cond[:, 6] |= rest_hot
-        peer_hot, peer_dev = self._hot_beside_peers(ids, temp, power, drawn_med, dt_s,
-                                                    ts_ms, ctx.node)
+        peer_hot, peer_dev = self._hot_beside_peers(ids, temp, power, drawn_med, dt_s)
         val[:, 6] = np.where(peer_hot & ~cond[:, 6], peer_dev, val[:, 6])
         cond[:, 6] |= peer_hot
         # Whichever path holds it, a die whose heat over its model falls along its lag to
@@ -1205,7 +1205,7 @@ class RuleBook:
 
     def _hot_beside_peers(self, ids: npt.NDArray[np.int64], temp: npt.NDArray[np.float64],
                           power: npt.NDArray[np.float64], drawn_med: npt.NDArray[np.float64],
-                          dt_s: npt.NDArray[np.float64], ts_ms: int, node: npt.NDArray[np.intp]
+                          dt_s: npt.NDArray[np.float64]
                           ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
         """``thermal_excess`` judged without a thermal model: a die hot for its seat among
         the node's GPUs that drew its power (the condition, held ``excess_after_s``; how far
@@ -1234,10 +1234,17 @@ class RuleBook:
         near = np.abs(above) < np.where(learned, 0.5, 1.0) * p.peer_excess_c
         self.peer_offset[ids, band], self.peer_learned_s[ids, band] = _learn_place(
             offset, seen, dev, judged & ~hot & near, dt_s, p.rest_learn_s)
-        since = held_since(self.peer_hot_since_ms[ids], hot, ts_ms)
-        self.peer_hot_since_ms[ids] = since
-        return (hot & (ts_ms - since >= p.excess_after_s * 1000),
-                np.where(judged, dev, 0.0))
+        # Gathered as the model's paths gather theirs (``features.evidence_rate``): a die at
+        # the bar waits the whole ``excess_after_s``, one 22 degC above its seven peers a
+        # quarter of it. Held-out zoo-1706 (air, 12 s dies, whole degrees, a runaway of
+        # +25 degC on a node whose power swung 180-300 W in turns): the model's path never
+        # judged a settled power, and a flat minute here paged 68 s after the die heated.
+        # A step that is not hot starts over, as before.
+        evidence = gather_evidence(self.peer_evidence_s[ids], hot, ~hot,
+                                   evidence_rate(above, p.peer_excess_c) * dt_s, dt_s,
+                                   p.excess_after_s)
+        self.peer_evidence_s[ids] = evidence
+        return hot & (evidence >= p.excess_after_s), np.where(judged, dev, 0.0)
 
     def step(
         self, ids: npt.NDArray[np.int64], cond: npt.NDArray[np.bool_],

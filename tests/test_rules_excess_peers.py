@@ -49,6 +49,21 @@ def test_a_die_far_above_its_peers_at_their_power_is_paged_without_a_model() -> 
     assert abs(power[0] - np.median(power[1:])) <= 0.2 * np.median(power[1:])
 
 
+def test_the_farther_above_its_peers_the_sooner_it_is_paged() -> None:
+    """The path gathers its minute as evidence, faster the farther past its bar the die
+    stands (``features.evidence_rate``): this die passed the 10 degC bar at 1,487.5 s and
+    stood 17 degC above its peers half a minute later, so it pages well inside the minute
+    a die at the bar waits (it paged 62 s after with a flat minute)."""
+    rows = load_recorded(FIXTURE, 400.0)
+    temp = rows[:, :, COL["temperature_celsius"]]
+    dev = temp[:, 0] - np.median(temp[:, 1:], axis=1)
+    passed = START_S + np.flatnonzero(
+        (dev >= RulesConfig().peer_excess_c) & (np.arange(len(dev)) >= (FAULT_S - START_S) * 2)
+    )[0] / 2
+    page = _pages(rows)[0][2]
+    assert passed + 15 <= page <= passed + 45, (passed, page)
+
+
 def test_the_thermal_models_alone_miss_it() -> None:
     # What the rule did before it compared dies with no model: nothing.
     rows = load_recorded(FIXTURE, 400.0)
