@@ -116,8 +116,11 @@ zoo-run at 3dc4e60 (1625 and 1626 studied), 1628-1633 at b6542cf (1629 and 1633 
 1634-1639 at 73b8f5a (1635 studied), 1640-1665 soaked at 73b8f5a. Then 1666-1671 zoo-run at
 fa43f1b (1669 and 1671 studied, 1669 and 1671 rerun at 511aa9a), 1672-1697 soaked at
 8425856 (a soak of fa43f1b on them was stopped after five minutes for 8425856, its output
-not read), 1698-1703 zoo-run at 8425856 (1702 studied), so the next zoo starts at index
-704 (draw 1704), the next soak at index 710 (draw 1710)."""
+not read), 1698-1703 zoo-run at 8425856 (1702 studied). Then 1704-1709 zoo-run at
+cd89f98, 1710-1735 soaked at cd89f98, 1736-1741 zoo-run at bcbf41b (cd89f98's rules; both
+sets rerun after for the per-fault record and studied), 1742-1747 zoo-run at 4fe4cc1 (and
+then at bcbf41b), 1748-1773 soaked at 4fe4cc1, so the next zoo starts at index 774 (draw
+1774), the next soak at index 780 (draw 1780)."""
 
 
 @dataclass(frozen=True, slots=True)
