@@ -252,18 +252,16 @@ def evaluate(fleet: Fleet, episodes: list[Episode], cold_start_s: float,
             onset = max(start, min(shown))
         hits = [e for e in episodes
                 if start <= e.start_s <= end + GRACE_S and np.isin(e.gpus, gpus).any()]
-        found = [e.start_s - onset for e in hits]
-        per_kind.setdefault(kind, []).append(1 if found else 0)
-        if found:
-            delays.append(max(0.0, min(found)))
-            delays_by_kind.setdefault(kind, []).append(round(delays[-1], 1))
+        per_kind.setdefault(kind, []).append(1 if hits else 0)
+        if hits:
             first = min(hits, key=lambda e: e.start_s)
-            lab = labs[0]
+            delays.append(max(0.0, first.start_s - onset))
+            delays_by_kind.setdefault(kind, []).append(round(delays[-1], 1))
+            ramp_s = max((lab.get("ramp_s") or 0.0) for lab in labs)
             found_faults.append({"kind": kind, "gpu": int(gpus[0]), "gpus": len(gpus),
-                                 "magnitude": lab.get("magnitude"),
-                                 "ramp_s": max((x.get("ramp_s") or 0.0) for x in labs),
+                                 "magnitude": labs[0].get("magnitude"), "ramp_s": ramp_s,
                                  "delay_s": round(delays[-1], 1), "source": first.source})
-            if not any((lab.get("ramp_s") or 0.0) > 0.0 for lab in labs):
+            if ramp_s <= 0.0:
                 delays_abrupt.append(delays[-1])
         else:
             lab = labs[0]

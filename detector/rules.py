@@ -762,10 +762,9 @@ class RuleBook:
         # holding 33.4 degC while peers that had just gone idle cooled.)
         same_band = ctx.node * DWELL_BINS + band
         reporting_b = _others(has_temp, same_band)
-        _, band_of = np.unique(same_band, return_inverse=True)
-        band_moved = np.zeros(int(band_of.max()) + 1 if len(band_of) else 0)
-        np.maximum.at(band_moved, band_of, np.where(has_temp, self.span_moved_w[ids], 0.0))
-        like_load = band_moved[band_of] <= np.maximum(2.0 * self.span_moved_w[ids], _FLAT_W)
+        band_moved = np.zeros(int(same_band.max()) + 1 if len(same_band) else 0)
+        np.maximum.at(band_moved, same_band, np.where(has_temp, self.span_moved_w[ids], 0.0))
+        like_load = band_moved[same_band] <= np.maximum(2.0 * self.span_moved_w[ids], _FLAT_W)
         flowing = ((reporting_b >= 3) & (_others(wanders, same_band) == reporting_b)
                    & like_load)
         flow_s = _in_freeze(self.stuck_flow_s[ids], held, np.where(flowing, dt_s, 0.0))
@@ -1208,8 +1207,8 @@ class RuleBook:
                           dt_s: npt.NDArray[np.float64]
                           ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.float64]]:
         """``thermal_excess`` judged without a thermal model: a die hot for its seat among
-        the node's GPUs that drew its power (the condition, held ``excess_after_s``; how far
-        above their median it reads).
+        the node's GPUs that drew its power (the condition, gathered for ``excess_after_s``
+        of evidence; how far above their median it reads).
 
         Dies of one node share its inlet. Those that drew the same power at every time
         scale a die may follow (now, and smoothed with each candidate lag, so a die still
