@@ -216,20 +216,29 @@ class RuleParams:
     """Seconds without a sample (while the rack reports) before a GPU counts as lost."""
     slowdown_open_after: int = 3
     """Consecutive steps with a slowdown bit before the slowdown rules fire."""
-    stuck_after_s: float = 60.0
-    """Seconds a temperature reading must stay identical ..."""
+    stuck_after_s: float = 30.0
+    """Seconds a temperature reading must stay identical (of evidence, on the paths that
+    gather it) ... Chosen on the twelve tuning draws with ``excess_after_s``: 60 s (until
+    2026-12-07) and 30 s raised the same steps outside faults and no false incident, 30 s
+    found the stuck sensors 8-50 s sooner; 20 s paged a healthy liquid-cooled die (tuning
+    zoo-6)."""
     stuck_predicted_c: float = 4.0
     """... while every plausible lag of the GPU's thermal model predicts at least this change
     (max - min) for it, or stands this far off the reading."""
     excess_c: float = 8.0
     """Degrees above the GPU's own thermal prediction (and its node peers') ..."""
-    excess_after_s: float = 60.0
-    """... held this long before the heat path counts as degraded."""
+    excess_after_s: float = 30.0
+    """... held this long before the heat path counts as degraded (seconds of evidence, and
+    the time over which evidence fades). Chosen on the twelve tuning draws: 30 s raised the
+    same steps outside faults as 60 s (until 2026-12-07) and found every runaway and hot
+    idle sooner, abrupt ones by 10-34 s; the evidence rate still makes a die at its bar
+    hold the whole of it."""
     peer_excess_c: float = 10.0
     """Degrees a die reads above the median of its node's GPUs that drew its power at every
     time scale (now and smoothed with each candidate lag), held ``excess_after_s``: twice the
     most any healthy die stood above that median for a minute on the twelve tuning draws
-    (5.0 degC: zoo-9, air, whole-degree sensors; 1.5-4.5 on the others, 128 GPUs x 4 h each)."""
+    (5.0 degC: zoo-9, air, whole-degree sensors; 1.5-4.5 on the others, 128 GPUs x 4 h each),
+    set when the hold was 60 s; at 30 s this path raised no step outside faults there either."""
     rest_excess_c: float = 6.0
     """Degrees a GPU at rest reads above its resting node peers' median, beyond its own
     learned place among them ..."""

@@ -142,8 +142,9 @@ def test_thermal_excess_fires_on_a_gpu_hotter_than_its_own_model_not_on_a_node_w
 def test_thermal_excess_pages_a_die_far_over_its_model_sooner_than_one_just_over() -> None:
     # The hold is evidence that counts faster the further past the bar the die stands
     # (``features.evidence_rate``): a die 40 degC over its model (five times the 8 degC bar)
-    # is no borderline case and pages in a quarter of the minute; a die 10 degC over (about
-    # 1.25 bars, its bar raised by its model's own error) takes most of it.
+    # is no borderline case and pages in a quarter of the hold (``excess_after_s``); a die
+    # 10 degC over (about 1.25 bars, its bar raised by its model's own error) takes most of it.
+    hold = RulesConfig().excess_after_s
     shard, ids, nodes = _shard()
     data = healthy(2000, 8, seed=4)
     temp = COL["temperature_celsius"]
@@ -155,8 +156,8 @@ def test_thermal_excess_pages_a_die_far_over_its_model_sooner_than_one_just_over
         if source == "rule:thermal_excess" and state == "firing":
             first.setdefault(gpu, at)
     assert set(first) == {"node-0/gpu-2", "node-1/gpu-1"}, got
-    assert first["node-0/gpu-2"] - 1700 <= 20, first
-    assert first["node-1/gpu-1"] - 1700 >= 45, first
+    assert first["node-0/gpu-2"] - 1700 <= hold / 3, first
+    assert first["node-1/gpu-1"] - 1700 >= 0.6 * hold, first
 
 
 def test_thermal_excess_does_not_accuse_a_gpu_whose_node_peers_run_cooler_than_their_models(
@@ -333,7 +334,8 @@ def test_a_sensor_that_always_flickers_is_stuck_when_it_holds_while_its_model_wa
     stuck = [g for g in got if g[1] == "rule:temperature_stuck"]
     assert stuck and {g[2] for g in stuck} == {"node-0/gpu-3"}, stuck
     # Twice stuck_after_s (the runs it showed were seconds long, so 10x theirs is less).
-    assert frozen_at + 120 <= stuck[0][3] <= frozen_at + 130, stuck
+    hold = RulesConfig().stuck_after_s
+    assert frozen_at + 2 * hold <= stuck[0][3] <= frozen_at + 2 * hold + 10, stuck
 
 
 def test_a_lone_error_after_a_storm_has_ended_is_not_a_new_burst() -> None:

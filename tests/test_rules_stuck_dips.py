@@ -15,6 +15,7 @@ import numpy.typing as npt
 from test_detector_support import healthy, timestamps
 from test_rules_rest import _shard
 
+from detector.config import RulesConfig
 from detector.features import COL
 
 STEPS = 1500
@@ -66,9 +67,10 @@ def test_a_sensor_frozen_in_a_dip_is_judged_by_the_model_that_read_it_right_befo
     data[FREEZE:, 2, temp] = held
     stuck = _stuck(data)
     assert {e for e, _ in stuck} == {"node-0/gpu-2"}, stuck
-    # A minute of evidence gathered at up to four times the rate, on the steps the model
-    # can judge (not the dips), and the rule's hold.
-    assert FREEZE + 15 <= stuck[0][1] <= FREEZE + 120, stuck
+    # The hold's evidence gathered at up to four times the rate, on the steps the model
+    # can judge (not the dips).
+    hold = RulesConfig().stuck_after_s
+    assert FREEZE + hold / 4 <= stuck[0][1] <= FREEZE + 2 * hold, stuck
 
 
 def test_the_same_dips_on_healthy_sensors_are_not_stuck() -> None:
