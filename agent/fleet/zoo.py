@@ -119,8 +119,10 @@ fa43f1b (1669 and 1671 studied, 1669 and 1671 rerun at 511aa9a), 1672-1697 soake
 not read), 1698-1703 zoo-run at 8425856 (1702 studied). Then 1704-1709 zoo-run at
 cd89f98, 1710-1735 soaked at cd89f98, 1736-1741 zoo-run at bcbf41b (cd89f98's rules; both
 sets rerun after for the per-fault record and studied), 1742-1747 zoo-run at 4fe4cc1 (and
-then at bcbf41b), 1748-1773 soaked at 4fe4cc1, so the next zoo starts at index 774 (draw
-1774), the next soak at index 780 (draw 1780)."""
+then at bcbf41b), 1748-1773 soaked at 4fe4cc1. Then 1774-1779 zoo-run at b2f5d18 and at
+ee1121b, 1780-1805 soaked at b2f5d18, 1806-1811 zoo-run at b2f5d18 and at ee1121b,
+1812-1817 and 1818-1823 zoo-run at b2f5d18, so the next zoo starts at index 824 (draw 1824),
+the next soak at index 830 (draw 1830)."""
 
 
 @dataclass(frozen=True, slots=True)
