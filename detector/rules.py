@@ -220,8 +220,8 @@ class RuleParams:
     """Seconds a temperature reading must stay identical (of evidence, on the paths that
     gather it) ... Chosen on the twelve tuning draws with ``excess_after_s``: 60 s (until
     2026-12-07) and 30 s raised the same steps outside faults and no false incident, 30 s
-    found the stuck sensors 8-50 s sooner; 20 s paged a healthy liquid-cooled die (tuning
-    zoo-6)."""
+    found six of the eight stuck sensors 8-50 s sooner; 20 s paged a healthy die (tuning
+    zoo-6: air, 6 s dies, whole degrees, no power reading)."""
     stuck_predicted_c: float = 4.0
     """... while every plausible lag of the GPU's thermal model predicts at least this change
     (max - min) for it, or stands this far off the reading."""
@@ -231,7 +231,7 @@ class RuleParams:
     """... held this long before the heat path counts as degraded (seconds of evidence, and
     the time over which evidence fades). Chosen on the twelve tuning draws: 30 s raised the
     same steps outside faults as 60 s (until 2026-12-07) and found every runaway and hot
-    idle sooner, abrupt ones by 10-34 s; the evidence rate still makes a die at its bar
+    idle sooner, abrupt ones by 8-34 s; the evidence rate still makes a die at its bar
     hold the whole of it."""
     peer_excess_c: float = 10.0
     """Degrees a die reads above the median of its node's GPUs that drew its power at every
