@@ -304,8 +304,6 @@ def test_clock_deficit_adds_up_across_a_pipeline_jobs_bubbles_but_not_across_clo
 
 
 def test_a_sensor_that_always_flickers_is_stuck_when_it_holds_while_its_model_wanders() -> None:
-    from detector.config import RulesConfig
-
     # Its own run lengths at a power are trusted after ten minutes learned there (half an
     # hour by default).
     shard = DetectorShard(small_config(rules=RulesConfig(stuck_history_s=600.0)))
