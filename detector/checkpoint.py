@@ -52,12 +52,6 @@ class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be used (corrupt, other version or engine)."""
 
 
-def _blobs(engine: ForestEngine, n: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
-    parts = [engine.checkpoint(i) for i in range(n)]
-    ends = np.cumsum([len(p) for p in parts], dtype=np.int64)
-    return np.frombuffer(b"".join(parts), dtype=np.uint8), ends
-
-
 def _unblob(engine: ForestEngine, blob: npt.NDArray[np.uint8], ends: npt.NDArray[np.int64]
             ) -> None:
     data = blob.tobytes()
@@ -81,10 +75,10 @@ def shard_bytes(shard: DetectorShard, offsets: dict[str, int]) -> bytes:
     arrays.update(shard.rack_bank.state_arrays("rack"))
     arrays["rack_of"] = shard.rack_of
     arrays["last_anomalous_ms"] = shard.last_anomalous_ms
-    arrays["gpu_blobs"], arrays["gpu_blob_ends"] = _blobs(shard.gpu_bank.engine,
-                                                          len(shard.gpu_paths))
-    arrays["rack_blobs"], arrays["rack_blob_ends"] = _blobs(shard.rack_bank.engine,
-                                                            len(shard.rack_paths))
+    arrays["gpu_blobs"], arrays["gpu_blob_ends"] = shard.gpu_bank.engine.checkpoint_models(
+        len(shard.gpu_paths))
+    arrays["rack_blobs"], arrays["rack_blob_ends"] = shard.rack_bank.engine.checkpoint_models(
+        len(shard.rack_paths))
     meta = {
         "version": FORMAT_VERSION,
         "offsets": offsets,

@@ -363,7 +363,15 @@ class DetectorConfig:
     """Checkpoints (models, thresholds, open alerts, consumed offsets), one file per
     partition."""
     checkpoint_interval_s: float = 60.0
-    """Seconds between periodic checkpoints (one is also written at shutdown)."""
+    """Seconds between periodic checkpoints (one is also written at shutdown) ..."""
+    checkpoint_max_share: float = 0.05
+    """... unless that would take more than this share of the detector's time: a periodic
+    checkpoint writes its partitions one at a time and after each waits, besides an even
+    share of half the interval, long enough for that partition's serialising and writing to
+    be at most this share of the time. A shard's checkpoint is about 115 KB per GPU forest
+    (298 MB and 6 s of work for 2,600 GPUs here), so at a large site a round stretches past
+    the interval: each partition is checkpointed less often, and a crash replays more
+    (``benchmarks.restore``, README: Load test). 1 writes them back to back."""
     partitions: int = 8
     """Partitions to create for topics that do not exist yet."""
     metrics_port: int = 0
@@ -395,7 +403,17 @@ class DetectorConfig:
     up: a forest's first thousand points are its dearest steps (its reservoirs take most
     of them), so a mass cold start (a new cluster, a restart without checkpoints) starts
     as many forests as the CPU keeps up with instead of falling behind and shedding. The
-    forests still waiting count as warming on /metrics. 0 never holds one back."""
+    forests still waiting count as warming on /metrics. 0 never holds one back (and
+    ignores the two settings below)."""
+    admit_per_s: float = 25.0
+    """... at most this many forests a second (0: no limit): a forest built now costs its
+    full price from its next step, while the detector sees that it is short of CPU only
+    seconds later, so admitting a whole cold-started fleet in one chunk would overshoot
+    what it can carry (``detector.admission``)."""
+    admit_busy_below: float = 0.7
+    """... and only while the detector's worker spent less than this share of the last
+    seconds processing (``fleetpulse_detector_busy_ratio``), so the forests it starts leave
+    room for the rules, for bursts and for the forests' dearer first steps."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The per-GPU forests."""
     rack: RackModelConfig = field(default_factory=RackModelConfig)
@@ -414,9 +432,13 @@ class DetectorConfig:
     def validate(self) -> None:
         if self.checkpoint_interval_s <= 0:
             raise ConfigError("checkpoint_interval_s must be > 0")
+        if not 0.0 < self.checkpoint_max_share <= 1.0:
+            raise ConfigError("checkpoint_max_share must be in (0, 1]")
         if self.partitions < 1 or self.max_batch < 1 or self.batch_frames < 1:
             raise ConfigError("partitions, max_batch and batch_frames must be >= 1")
         if self.batch_wait_s < 0 or self.shed_after_s < 0 or self.admit_within_s < 0:
             raise ConfigError("batch_wait_s, shed_after_s and admit_within_s must be >= 0")
+        if self.admit_per_s < 0 or not 0.0 < self.admit_busy_below <= 1.0:
+            raise ConfigError("admit_per_s must be >= 0 and admit_busy_below in (0, 1]")
         if not -1 <= self.metrics_port <= 65535:
             raise ConfigError(f"metrics_port must be -1..65535, got {self.metrics_port}")

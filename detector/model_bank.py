@@ -54,18 +54,19 @@ class ModelBank:
              ts_ms: int | npt.NDArray[np.int64],
              judge: Callable[[npt.NDArray[np.bool_], ScoreBatch, npt.NDArray[np.float64]],
                              npt.NDArray[np.bool_]] | None = None,
-             admit: bool = True) -> BankStep:
+             admit_at_most: int | None = None) -> BankStep:
         """Score and learn one point per model, judge it, advance the episodes.
 
         ``judge`` may overrule the threshold's verdict before the episodes see it (the GPU
         models' node veto, the rack models' "hot, not idle" test, see ``DetectorShard``): it
         gets the anomalous flags, the scored batch (with attributions of every row above its
-        threshold) and the thresholds, and returns the flags that count. ``admit`` is the
-        engine's (False holds the models whose cold start would end now in it).
+        threshold) and the thresholds, and returns the flags that count. ``admit_at_most`` is
+        the engine's (how many models whose cold start ends now may leave it; None: all).
         """
         thr_now = self.thresholds.threshold(ids)
         # Attribution is only read when an episode opens, i.e. on an anomalous step.
-        batch = self.engine.update(ids, points, attribute_above=thr_now, admit=admit)
+        batch = self.engine.update(ids, points, attribute_above=thr_now,
+                                   admit_at_most=admit_at_most)
         thr, anomalous = self.thresholds.update(ids, batch.scores)
         reset = None
         if judge is not None:

@@ -31,6 +31,7 @@ published), so a restart neither forgets to resolve it nor opens a second one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -42,6 +43,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from detector.admission import Admission
 from detector.checkpoint import CheckpointError, atomic_write, restore_shard, shard_bytes
 from detector.config import DetectorConfig
 from detector.event_rules import EventShard
@@ -129,6 +131,9 @@ class Stats:
         self.models = 0
         self.models_warming = 0
         self.models_held = 0
+        self.admitted = 0
+        """GPU forests that left their cold start (built their trees and started scoring)."""
+        self.busy_ratio = 0.0
         self.open_alerts = 0
         self.alerts: dict[tuple[str, str], int] = {}
         self.incidents: dict[str, int] = {}
@@ -164,6 +169,8 @@ class _StatsCollector:
             ("alerts_suppressed", s.suppressed,
              "Replayed transitions already published before a restart."),
             ("checkpoints", s.checkpoints, "Checkpoints written."),
+            ("forests_admitted", s.admitted,
+             "GPU forests that left their cold start: built their trees, started scoring."),
         ):
             yield CounterMetricFamily(p + name, help_, value=value)
         alerts = CounterMetricFamily(p + "alerts", "Alert transitions published.",
@@ -195,8 +202,13 @@ class _StatsCollector:
                                 value=s.models_warming)
         yield GaugeMetricFamily(p + "models_held",
                                 "GPU forests past their cold start held in it because the "
-                                "detector was behind (admit_within_s): sampling, unscored.",
+                                "detector had no room for them (admit_within_s, admit_per_s, "
+                                "admit_busy_below): sampling, unscored.",
                                 value=s.models_held)
+        yield GaugeMetricFamily(p + "busy_ratio",
+                                "Share of recent wall time the detector's worker spent "
+                                "processing samples (1: it has no room left).",
+                                value=s.busy_ratio)
         yield GaugeMetricFamily(p + "behind_seconds",
                                 "How long the newest record processed had waited in Kafka, "
                                 "worst partition (0 once a partition is read to its end).",
@@ -270,6 +282,12 @@ class DetectorService:
         """Per samples partition: held while its shard is processed or serialised (both run
         in threads), so the two never overlap."""
         self._checkpointer: asyncio.Task[None] | None = None
+        self._next_save_at = 0.0
+        """When the periodic checkpoint may write its next partition (monotonic clock):
+        the pause after each partition carries over into the next round."""
+        self._hurry = asyncio.Event()
+        """Set while a revocation or shutdown waits for the periodic checkpoint: it then
+        writes its remaining partitions without pausing between them."""
         self._behind_s: dict[int, float] = {}
         self._lag_alert: AlertRecord | None = None
         self._skipped_seen = 0
@@ -279,6 +297,9 @@ class DetectorService:
         self._last_lag_poll = 0.0
         self.clock = time.time
         """Wall clock (s) that record ages are measured on; a test may move it."""
+        self.admission = Admission(config.admit_per_s, config.admit_within_s,
+                                   config.admit_busy_below)
+        """The pace at which GPU forests leave their cold start."""
         self._caught_up: set[int] = set()
         """Samples partitions with nothing left to read at the last lag poll: their clock is
         the fleet's (a rack that went silent does not stop time for its partition)."""
@@ -523,6 +544,7 @@ class DetectorService:
     def _process_chunk(self, p: int, chunk: list[tuple[int, SampleFrame | None, int]]
                        ) -> list[AlertRecord]:
         cfg = self.config
+        started = time.perf_counter()
         shard = self.shards.get(p)
         if shard is None:  # assigned without a callback (should not happen): start fresh
             shard = self.shards[p] = DetectorShard(self.config, self.engine)
@@ -532,29 +554,34 @@ class DetectorService:
         step_ms = round(cfg.model.step_s * 1000)
         shed_before: int | None = None
         oldest_record = min(r for _, _, r in chunk)
-        for _, frame, record_ms in chunk:
-            if frame is None:
-                continue
-            block = frame_block(shard, frame)
-            reporting = np.isfinite(frame.values).any(axis=(0, 2)) if frame.values.size else ()
-            self.silence.seen(p, frame.identity.path, int(frame.ts[-1]) if frame.ts.size else 0,
-                              int(np.count_nonzero(reporting)))
-            self.stats.frames += 1
-            self.stats.updates += frame.values.shape[0] * frame.values.shape[1]
-            self.stats.metrics += frame.n_values
-            if block is not None:
-                blocks.append(block)
-                if cfg.shed_after_s > 0 and record_ms < late_ms:
-                    # Waited too long in Kafka: shed the model steps of its ticks. A step is
-                    # stamped at its end ((k + 1) * step_ms), so the step holding the newest
-                    # tick t is stamped <= t + step_ms, and the next one later than that.
-                    end = int(block.ts_ms[-1]) + step_ms + 1
-                    shed_before = end if shed_before is None else max(shed_before, end)
+        with shard.growing_once():  # a fleet's first frames: grow once, not per node
+            for _, frame, record_ms in chunk:
+                if frame is None:
+                    continue
+                block = frame_block(shard, frame)
+                reporting = (np.isfinite(frame.values).any(axis=(0, 2)) if frame.values.size
+                             else ())
+                self.silence.seen(p, frame.identity.path,
+                                  int(frame.ts[-1]) if frame.ts.size else 0,
+                                  int(np.count_nonzero(reporting)))
+                self.stats.frames += 1
+                self.stats.updates += frame.values.shape[0] * frame.values.shape[1]
+                self.stats.metrics += frame.n_values
+                if block is not None:
+                    blocks.append(block)
+                    if cfg.shed_after_s > 0 and record_ms < late_ms:
+                        # Waited too long in Kafka: shed the model steps of its ticks. A step
+                        # is stamped at its end ((k + 1) * step_ms), so the step holding the
+                        # newest tick t is stamped <= t + step_ms, and the next one later.
+                        end = int(block.ts_ms[-1]) + step_ms + 1
+                        shed_before = end if shed_before is None else max(shed_before, end)
         if cfg.job_peers.enabled:  # after registering the chunk's GPUs
             shard.jobs.sync(shard.gpu_paths, self._spans, self._workloads_version)
-        steps, skipped = shard.gpu_steps, shard.skipped_steps
-        admit = cfg.admit_within_s <= 0 or oldest_record >= now_ms - cfg.admit_within_s * 1000
-        out = shard.process_blocks(blocks, shed_before_ms=shed_before, admit=admit)
+        steps, skipped, admitted = shard.gpu_steps, shard.skipped_steps, shard.admitted
+        allowance = self.admission.allowance((now_ms - oldest_record) / 1000.0)
+        out = shard.process_blocks(blocks, shed_before_ms=shed_before, admit_at_most=allowance)
+        self.admission.admitted(shard.admitted - admitted)
+        self.stats.admitted += shard.admitted - admitted
         self.next_offset[(self.topics.samples, p)] = chunk[-1][0] + 1
         self.stats.model_steps += shard.gpu_steps - steps
         self.stats.skipped_steps += shard.skipped_steps - skipped
@@ -563,6 +590,8 @@ class DetectorService:
             self._shed_age_s = max(self._shed_age_s, (now_ms - oldest_record) / 1000.0)
             self._shed_partitions.add(p)
         self._count_models()
+        self.admission.worked(time.perf_counter() - started)
+        self.stats.busy_ratio = round(self.admission.busy_ratio, 3)
         return out
 
     def _count_models(self) -> None:
@@ -728,19 +757,39 @@ class DetectorService:
         """Let a running background checkpoint finish (revocation, shutdown)."""
         if self._checkpointer is not None:
             task, self._checkpointer = self._checkpointer, None
-            await task
+            self._hurry.set()
+            try:
+                await task
+            finally:
+                self._hurry.clear()
 
     async def _checkpoint_in_background(self) -> None:
         """The periodic checkpoint, one partition at a time beside the consuming loop: a
-        partition's frames wait while its shard is serialised, the others go on."""
+        partition's frames wait while its shard is serialised, the others go on.
+
+        The partitions are not written back to back: after each one the next (in this round
+        or the next) waits an even share of half the interval, and at least long enough for
+        that partition's work to be ``checkpoint_max_share`` of the time. A large site's checkpoint is seconds of work per
+        partition (about 115 KB per GPU forest, serialised, checksummed and sent), and taken
+        at once it stalls a detector with little room for tens of seconds, long enough to
+        shed model steps; paced, it costs a bounded share and a few seconds of lag at a
+        time. A revocation or shutdown (``_hurry``) finishes the round without pauses."""
         assert self.consumer is not None
-        await self._flush_published()
-        extra = await self._alert_ends()
-        for p in list(self.shards):
+        partitions = list(self.shards)
+        cfg = self.config
+        even = cfg.checkpoint_interval_s / (2 * max(1, len(partitions)))
+        for p in partitions:
+            pause = self._next_save_at - time.monotonic()
+            if pause > 0 and not self._hurry.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._hurry.wait(), pause)
+            started = time.perf_counter()
             tp = (self.topics.samples, p)
             shard = self.shards.get(p)
             if shard is None or tp not in self.next_offset:
                 continue
+            await self._flush_published()  # the alert ends are read as of this partition
+            extra = await self._alert_ends()
             self._busy.add(p)
             try:
                 offset = await self._save(p, shard, extra)
@@ -748,11 +797,13 @@ class DetectorService:
                 self._busy.discard(p)
             if self.shards.get(p) is shard:  # still ours
                 await self.consumer.commit_checkpointed({tp: offset})
+            work = time.perf_counter() - started
+            self._next_save_at = time.monotonic() + max(
+                even, work * (1.0 - cfg.checkpoint_max_share) / cfg.checkpoint_max_share)
         events = await self._save_events(None)
         if events:
             await self.consumer.commit_checkpointed(events)
         self.stats.checkpoints += 1
-        self._last_checkpoint = time.monotonic()
 
     async def _flush_published(self) -> None:
         if self._pending:

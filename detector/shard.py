@@ -14,7 +14,9 @@ It returns alert transitions as :class:`schemas.records.AlertRecord`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +98,8 @@ class DetectorShard:
         """GPU model steps run (forest score + learn)."""
         self.skipped_steps = 0
         """GPU model steps shed because the detector was behind."""
+        self.admitted = 0
+        """GPU forests that left their cold start (built their trees) here."""
         self.rules = RuleBook(config.rules.params())
         self.jobs = JobPeers(config.job_peers.params())
         """Each GPU's job: its peers, and its starts and ends (``detector.job_peers``)."""
@@ -128,6 +132,8 @@ class DetectorShard:
         self.open_alerts: dict[tuple[str, str], AlertRecord] = {}
         self.last_ts_ms = 0
         self.steps = 0
+        self._deferring = False
+        self._grow_pending = False
 
     # -- registry ---------------------------------------------------------------------
 
@@ -155,8 +161,27 @@ class DetectorShard:
             nodes[i] = self.node_ids.setdefault(node_paths[i], len(self.node_ids))
         if new_racks:
             self.rack_of = np.concatenate([self.rack_of, np.array(new_racks, dtype=np.int64)])
-            self._grow()
+            if self._deferring:
+                self._grow_pending = True
+            else:
+                self._grow()
         return ids, nodes
+
+    @contextlib.contextmanager
+    def growing_once(self) -> Iterator[None]:
+        """Registrations inside grow the per-GPU state once, on leaving: a chunk of a fleet's
+        first frames registers thousands of GPUs a node at a time, and every growth copies
+        or reallocates every component's arrays (about 256 KB a GPU of forest), so growing
+        per node cost the detector half of its first minute at 31,000 GPUs. Nothing may read
+        the new GPUs' state before leaving."""
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+            if self._grow_pending:
+                self._grow_pending = False
+                self._grow()
 
     def _grow(self) -> None:
         n = len(self.gpu_paths)
@@ -209,7 +234,7 @@ class DetectorShard:
                                    trace, shed_before_ms)
 
     def process_blocks(self, blocks: list[TickBlock], trace: StepTrace | None = None,
-                       shed_before_ms: int | None = None, admit: bool = True
+                       shed_before_ms: int | None = None, admit_at_most: int | None = None
                        ) -> list[AlertRecord]:
         """Run several blocks of ticks (frames of many nodes) together.
 
@@ -220,9 +245,10 @@ class DetectorShard:
         a few vector calls, not a few per frame. Steps stamped before ``shed_before_ms``
         are shed (the detector is behind, see ``DetectorConfig.shed_after_s``): their
         features are still computed (the per-GPU state stays continuous) but the forests,
-        thresholds and hysteresis skip them; ``skipped_steps`` counts them. ``admit``
-        False holds GPU forests whose cold start ends in these steps in it (they sample on,
-        unscored: see ``DetectorConfig.admit_within_s``).
+        thresholds and hysteresis skip them; ``skipped_steps`` counts them. At most
+        ``admit_at_most`` (None: every one) GPU forests whose cold start ends in these steps
+        leave it; the others stay in it, sampling, unscored (``admitted`` counts those that
+        left; see ``DetectorConfig.admit_per_s``).
 
         ``trace`` gets one entry per step stamp over the GPUs of the first block.
         Alerts come back in time order (their ``updated_ms``).
@@ -254,12 +280,15 @@ class DetectorShard:
         tick_cut = np.searchsorted(tick_round[round_of], stamps, side="right")
         step_cut = np.searchsorted(step_stamps, stamps, side="right")
         out: list[AlertRecord] = []
-        ta = sa = 0
+        ta = sa = admitted = 0
         for k, stamp in enumerate(stamps.tolist()):
             tb, sb = int(tick_cut[k]), int(step_cut[k])
             if sb > sa:
+                left = None if admit_at_most is None else admit_at_most - admitted
+                before = self.admitted
                 out.extend(self._model_step(steps, step_order[sa:sb], stamp, trace,
-                                            blocks[0].ids, shed_before_ms, admit))
+                                            blocks[0].ids, shed_before_ms, left))
+                admitted += self.admitted - before
             if tb > ta:
                 sel = np.sort(round_of[ta:tb])  # time order within the step
                 out.extend(self._rule_ticks(ids[sel], ts[sel], rows[sel]))
@@ -323,19 +352,20 @@ class DetectorShard:
 
     def _model_step(self, steps: FoldedSteps, sel: npt.NDArray[np.int64], stamp: int,
                     trace: StepTrace | None, trace_ids: npt.NDArray[np.int64],
-                    shed_before_ms: int | None, admit: bool) -> list[AlertRecord]:
+                    shed_before_ms: int | None, admit_at_most: int | None
+                    ) -> list[AlertRecord]:
         """The completed steps ``sel`` (all stamped ``stamp``) through the models at once."""
         gid = steps.ids[sel]
         nodes = self.node_of[gid]
         by_node = np.argsort(nodes, kind="stable")  # node peers contiguous
         gid, nodes, rows = gid[by_node], nodes[by_node], steps.rows[sel][by_node]
         shed = shed_before_ms is not None and stamp < shed_before_ms
-        return self._step(gid, nodes, stamp, rows, trace, trace_ids, shed, admit)
+        return self._step(gid, nodes, stamp, rows, trace, trace_ids, shed, admit_at_most)
 
     def _step(
         self, ids: npt.NDArray[np.int64], nodes: npt.NDArray[np.int64], ts: int,
         row: npt.NDArray[np.float64], trace: StepTrace | None,
-        trace_ids: npt.NDArray[np.int64], shed: bool, admit: bool = True,
+        trace_ids: npt.NDArray[np.int64], shed: bool, admit_at_most: int | None = None,
     ) -> list[AlertRecord]:
         """One model step (stamp ``ts``) for GPUs ``ids`` from their folded rows."""
         self.steps += 1
@@ -358,8 +388,9 @@ class DetectorShard:
                 lambda a, b, th: self._node_veto(
                     vids, nodes[vi], feats[vi], _health_led(a, b),
                     b.scores >= _ELEVATED * th, ts) & ~self.jobs.settling(vids, ts),
-                admit)
+                admit_at_most)
             batch, thr = res.batch, res.thresholds
+            self.admitted += batch.admitted
             scores = batch.scores
             for r in res.opened:
                 out.append(self._open_model_alert(int(vids[r]), ts, batch, int(r), thr[r],

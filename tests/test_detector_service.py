@@ -16,6 +16,7 @@ from alertmanager import Alertmanager, needs_alertmanager
 from prometheus_client import generate_latest
 from test_detector_support import frame, healthy, small_config, timestamps
 
+from detector.admission import Admission
 from detector.config import WebhookConfig
 from detector.features import COL
 from detector.service import LAG_SOURCE, DetectorService
@@ -293,6 +294,81 @@ async def test_behind_holds_new_forests_in_their_cold_start_until_caught_up(
     await task
     assert scored() == [10] * 8  # admitted at the first fresh chunk: every step scored
     assert service.stats.models_held == 0
+    await transport.close()
+
+
+async def test_a_mass_cold_start_is_admitted_at_the_configured_pace(tmp_path: Path) -> None:
+    """Eight forests end their cold start together with room for three (``admit_per_s`` 3,
+    its clock stopped so the bucket never refills): three build their trees and score,
+    five sample on, held, counted on /metrics; the detector is never behind meanwhile."""
+    config, transport, topics = await _shedding_setup(tmp_path)
+    config = dataclasses.replace(config, admit_per_s=3.0)
+    now = int(time.time() * 1000)
+    service = DetectorService(config, transport)
+    service.admission = Admission(config.admit_per_s, config.admit_within_s,
+                                  config.admit_busy_below, clock=lambda: 0.0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    await _send_frames(transport, topics, now + 1000 * np.arange(30), healthy(30, 8, seed=9))
+    deadline = asyncio.get_running_loop().time() + 60
+    while service.stats.model_steps < 30 * 8:
+        assert asyncio.get_running_loop().time() < deadline and not task.done()
+        await asyncio.sleep(0.05)
+    metrics = generate_latest(service.stats.registry).decode()
+    stop.set()
+    await task
+    scored = sorted(int(c) for sh in service.shards.values()
+                    for c in sh.gpu_bank.thresholds.seen[:len(sh.gpu_paths)])
+    assert scored[:5] == [0] * 5 and min(scored[5:]) > 0
+    assert service.stats.admitted == 3 and service.stats.models_held == 5
+    assert "fleetpulse_detector_forests_admitted_total 3.0" in metrics
+    assert "fleetpulse_detector_models_held 5.0" in metrics
+    assert service.stats.skipped_steps == 0
+    await transport.close()
+
+
+async def test_a_periodic_checkpoint_paces_its_partitions_and_a_stop_hurries_it(
+        tmp_path: Path) -> None:
+    """Each partition's checkpoint work (0.05 s here) is followed by a pause that keeps it
+    to ``checkpoint_max_share`` (2 %: 2.45 s) before the next partition's, in this round or
+    the next; a shutdown in the middle of such a pause does not wait it out."""
+    config = dataclasses.replace(_config(tmp_path, f"det-{uuid.uuid4().hex}"),  # type: ignore[type-var]
+                                 checkpoint_interval_s=0.2, checkpoint_max_share=0.02)
+    transport = open_transport(config.transport)
+    await transport.start()
+    topics = Topics()
+    await transport.ensure_topics({topics.samples: 2, topics.events: 2, topics.alerts: 2,
+                                   topics.deadletter: 1})
+    loop = asyncio.get_running_loop()
+    service = DetectorService(config, transport)
+    starts: list[float] = []
+    save = service._save
+
+    async def slow_save(p: int, shard: Any, extra: dict[str, int]) -> int:
+        starts.append(loop.time())
+        await asyncio.sleep(0.05)
+        return await save(p, shard, extra)
+
+    service._save = slow_save  # type: ignore[method-assign]
+    ts = timestamps(10, 0)
+    data = healthy(10, 8, seed=3)
+    for r in range(8):  # racks on both partitions
+        f = frame(f"node-{r}", f"rack-{r}", ts[:5], data[:5, :4], seq=0)
+        await transport.send(topics.samples, encode_frame(f), key=f.identity.rack_key)
+    await transport.flush()
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    deadline = loop.time() + 30
+    while len(service.shards) < 2 or len(starts) < 3:
+        assert loop.time() < deadline and not task.done()
+        await asyncio.sleep(0.01)
+    gaps = np.diff(starts)
+    assert gaps.min() >= 2.4, gaps  # 0.05 s of work, then 2.45 s of pause
+    await asyncio.sleep(0.1)  # inside the next pause
+    t0 = loop.time()
+    stop.set()
+    await task
+    assert loop.time() - t0 < 1.5  # not 2.35 s more of pause, then the final checkpoint
     await transport.close()
 
 

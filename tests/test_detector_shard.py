@@ -3,6 +3,7 @@ rack alerts, and checkpoints that restore to identical behaviour."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 
@@ -63,6 +64,29 @@ def test_forest_alerts_page_when_configured_to() -> None:
     fired = [a for a in alerts if a.source.startswith("model:") and a.level == "gpu"
              and a.state is AlertState.FIRING]
     assert fired and {a.severity for a in fired} <= {Severity.WARNING, Severity.CRITICAL}
+
+
+def test_gpus_registered_while_growing_once_get_their_state_on_leaving() -> None:
+    """Registering node by node inside ``growing_once`` grows every component once, and the
+    GPUs then run exactly as if each node had grown them (same scores, same alerts)."""
+    paths = [f"{RACK}/node-{g // 4}/gpu-{g % 4}" for g in range(8)]
+    data = healthy(120, 8, seed=6)
+    runs = []
+    for deferred in (False, True):
+        shard = DetectorShard(small_config())
+        grown = []
+        with shard.growing_once() if deferred else contextlib.nullcontext():
+            for n in range(2):
+                part = paths[4 * n:4 * n + 4]
+                shard.register(part, [RACK] * 4, [p.rsplit("/", 1)[0] for p in part])
+                grown.append(len(shard.node_of))
+        assert grown == ([0, 0] if deferred else [4, 8]) and len(shard.node_of) == 8
+        ids, nodes = shard.register(paths, [RACK] * 8, [p.rsplit("/", 1)[0] for p in paths])
+        trace = StepTrace()
+        alerts = shard.process(ids, nodes, timestamps(120), data, trace=trace)
+        runs.append((np.stack(trace.scores), [a.to_bytes() for a in alerts]))
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    assert runs[0][1] == runs[1][1]
 
 
 def test_no_alert_during_cold_start_even_for_wild_data() -> None:

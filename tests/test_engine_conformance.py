@@ -102,6 +102,22 @@ def test_checkpoint_restore_round_trips(engine_name: str) -> None:
     assert original.model_bytes(0) > 0
 
 
+def test_checkpoint_of_many_models_is_each_models_checkpoint(engine_name: str) -> None:
+    """The shard checkpoint's one-pass form must be byte for byte the per-model one, with
+    models at different ages (cold, filling, full) and ragged arenas."""
+    data = stream(150, 5, seed=8)
+    engine = make_engine(engine_name, CONFIG)
+    engine.ensure_models(6)  # model 5 never sees a point
+    for s in range(len(data)):
+        live = 5 - (s < 100) * 2 - (s < 30)  # models 3 and 4 start late
+        engine.update(np.arange(live, dtype=np.int64), data[s, :live])
+    blob, ends = engine.checkpoint_models(6)
+    parts = [engine.checkpoint(m) for m in range(6)]
+    assert ends.tolist() == np.cumsum([len(p) for p in parts]).tolist()
+    assert blob.tobytes() == b"".join(parts)
+    assert engine.checkpoint_models(0)[1].size == 0
+
+
 def test_restore_rejects_bad_bytes(engine_name: str) -> None:
     engine = make_engine(engine_name, CONFIG)
     engine.ensure_models(1)

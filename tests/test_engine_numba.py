@@ -347,14 +347,14 @@ def test_a_model_checkpointed_before_its_trees_are_built_goes_on_as_it_would_hav
 
 
 def test_a_model_not_admitted_stays_in_its_cold_start_sampling_until_it_is() -> None:
-    # admit=False past output_after: no trees, no score, but the samplers go on taking
+    # admit_at_most=0 past output_after: no trees, no score, but the samplers go on taking
     # points; the first admitted call builds the trees from what they hold and scores.
     cfg = EngineConfig(dims=3, shingle=2, trees=6, sample_size=64, seed=3)  # output_after 16
     engine = NumbaEngine(cfg)
     engine.ensure_models(1)
     ids = np.zeros(1, dtype=np.int64)
     data = wavy(80, 1, 3, seed=3)
-    held = [engine.update(ids, data[s], admit=False).scores[0] for s in range(60)]
+    held = [engine.update(ids, data[s], admit_at_most=0).scores[0] for s in range(60)]
     assert held == [0.0] * 60
     assert not tree_invariants(engine, 0, held=True)
     st = engine._state
@@ -364,3 +364,25 @@ def test_a_model_not_admitted_stays_in_its_cold_start_sampling_until_it_is() -> 
     assert min(admitted) > 0.0 and engine.held(1) == 0
     assert tree_invariants(engine, 0)
     cache_invariants(engine, 0)
+
+
+def test_at_most_the_allowed_number_of_models_leave_their_cold_start_in_a_call() -> None:
+    """Five models due in the same call and room for two: two build their trees and score,
+    the other three sample on, held, and the next call with room takes them."""
+    cfg = EngineConfig(dims=3, shingle=2, trees=6, sample_size=64, seed=3)  # output_after 16
+    engine = NumbaEngine(cfg)
+    engine.ensure_models(5)
+    ids = np.arange(5, dtype=np.int64)
+    data = wavy(40, 5, 3, seed=4)
+    for s in range(17):  # 16 shingled points each: the cold start ends with the next one
+        assert engine.update(ids, data[s], admit_at_most=0).admitted == 0
+    first = engine.update(ids, data[17], admit_at_most=2)
+    assert first.admitted == 2 and np.count_nonzero(first.scores) == 2
+    assert engine.held(5) == 3
+    second = engine.update(ids, data[18], admit_at_most=0)
+    assert second.admitted == 0 and np.count_nonzero(second.scores) == 2
+    third = engine.update(ids, data[19])  # no limit
+    assert third.admitted == 3 and np.count_nonzero(third.scores) == 5
+    assert engine.held(5) == 0
+    for m in range(5):
+        assert tree_invariants(engine, m)

@@ -99,6 +99,9 @@ class ScoreBatch:
     direction: npt.NDArray[np.int8]
     """(n, dims): +1 if the point is above what the model expects in that feature, -1 below,
     0 where the feature contributed nothing (or the row was not attributed)."""
+    admitted: int = 0
+    """Models whose cold start ended in this call and that built their trees (see
+    ``ForestEngine.update``'s ``admit_at_most``)."""
 
 
 class ForestEngine(ABC):
@@ -121,7 +124,7 @@ class ForestEngine(ABC):
         points: npt.NDArray[np.float32],
         attribute_above: float | npt.NDArray[np.float64],
         learn: bool,
-        admit: bool = True,
+        admit_at_most: int | None = None,
     ) -> ScoreBatch:
         """The one batched pass both :meth:`update` and :meth:`score` make; an engine
         implements this, with ``learn`` saying whether the points are then learned."""
@@ -131,7 +134,7 @@ class ForestEngine(ABC):
         model_ids: npt.NDArray[np.int64],
         points: npt.NDArray[np.float32],
         attribute_above: float | npt.NDArray[np.float64] = 0.0,
-        admit: bool = True,
+        admit_at_most: int | None = None,
     ) -> ScoreBatch:
         """Score each point against its model, then learn it. Ids in one call are unique.
 
@@ -141,13 +144,16 @@ class ForestEngine(ABC):
         second pass over the trees (krcf) skip it; engines that get it for free fill every
         row. The default attributes every scored row.
 
-        ``admit`` False holds back models whose cold start would end with this point: an
-        engine that defers its trees until then (numba) keeps them sampling, unscored,
-        until a call admits them, so a caller that is behind can put off their dearest
-        steps (a forest's first thousand points); an engine that grows its trees point
-        by point (krcf) has nothing to hold back and ignores it.
+        ``admit_at_most`` (None: no limit) caps how many models whose cold start ends with
+        this point may leave it in this call (``ScoreBatch.admitted`` says how many did);
+        an engine that defers its trees until then (numba) keeps the others sampling,
+        unscored, until a call admits them, so a caller short of CPU can put off their
+        dearest steps (a forest's first thousand points) and start them at the pace it can
+        afford; an engine that grows its trees point by point (krcf) has nothing to hold
+        back and ignores it.
         """
-        return self._run(model_ids, points, attribute_above, learn=True, admit=admit)
+        return self._run(model_ids, points, attribute_above, learn=True,
+                         admit_at_most=admit_at_most)
 
     def score(
         self,
@@ -162,6 +168,16 @@ class ForestEngine(ABC):
     def checkpoint(self, model_id: int) -> bytes:
         """Compact, versioned bytes of one model (shingle buffer included)."""
 
+    def checkpoint_models(self, n: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+        """``checkpoint(m)`` of models ``0..n-1`` concatenated, and where each one ends.
+
+        A shard's checkpoint holds every model of the shard, tens of thousands at a large
+        site, every ``checkpoint_interval_s``; an engine whose models share arrays
+        overrides this to write them in one pass instead of one Python call per model."""
+        parts = [self.checkpoint(m) for m in range(n)]
+        ends = np.cumsum([len(p) for p in parts], dtype=np.int64)
+        return np.frombuffer(b"".join(parts), dtype=np.uint8), ends
+
     @abstractmethod
     def restore(self, model_id: int, data: bytes) -> None:
         """Load bytes from ``checkpoint``; later scores equal those of the original model."""
@@ -172,7 +188,7 @@ class ForestEngine(ABC):
 
     def held(self, n: int) -> int:
         """Of models ``0..n-1``, those held in their cold start past ``output_after``
-        (``update(admit=False)``): sampling, unscored, until a call admits them. An engine
+        (``update(admit_at_most=...)``): sampling, unscored, until a call admits them. An engine
         that cannot hold one back has none."""
         return 0
 

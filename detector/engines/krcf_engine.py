@@ -76,7 +76,7 @@ class KrcfEngine(ForestEngine):
         points: npt.NDArray[np.float32],
         attribute_above: float | npt.NDArray[np.float64],
         learn: bool,
-        admit: bool = True,
+        admit_at_most: int | None = None,
     ) -> ScoreBatch:
         ids, pts = check_batch(self.config, model_ids, points)
         n, dims = len(ids), self.config.dims

@@ -40,7 +40,7 @@ class NumbaEngine(ForestEngine):
         points: npt.NDArray[np.float32],
         attribute_above: float | npt.NDArray[np.float64],
         learn: bool,
-        admit: bool = True,
+        admit_at_most: int | None = None,
     ) -> ScoreBatch:
         cfg = self.config
         ids, pts = check_batch(cfg, model_ids, points)
@@ -55,14 +55,17 @@ class NumbaEngine(ForestEngine):
         scores = np.zeros(n, dtype=np.float64)
         attribution = np.zeros((n, cfg.dims), dtype=np.float64)
         direction = np.zeros((n, cfg.dims), dtype=np.int8)
+        allowed = n if admit_at_most is None else max(0, min(n, admit_at_most))
+        admit_left = np.array([allowed], dtype=np.int64)
         most = kernels.advance(  # type: ignore[call-arg]  # numba's Dispatcher stub takes no args
-            ids, pts, learn, admit, above, cfg.screen_trees, cfg.screen_below,
+            ids, pts, learn, admit_left, above, cfg.screen_trees, cfg.screen_below,
             cfg.effective_output_after, cfg.effective_time_decay,
             *self._state.kernel_arrays(), scores, attribution, direction,
         )
         if learn:
             self._state.reserve_points(most)
-        return ScoreBatch(scores=scores, attribution=attribution, direction=direction)
+        return ScoreBatch(scores=scores, attribution=attribution, direction=direction,
+                          admitted=allowed - int(admit_left[0]))
 
     def _check_id(self, model_id: int) -> None:
         if not 0 <= model_id < self._state.models:
@@ -71,6 +74,11 @@ class NumbaEngine(ForestEngine):
     def checkpoint(self, model_id: int) -> bytes:
         self._check_id(model_id)
         return self._state.checkpoint(model_id)
+
+    def checkpoint_models(self, n: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+        if n > self._state.models:
+            self._check_id(n - 1)
+        return self._state.checkpoint_models(n)
 
     def restore(self, model_id: int, data: bytes) -> None:
         if model_id < 0:

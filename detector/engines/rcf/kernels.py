@@ -549,6 +549,27 @@ def compact_arena(m: int, arena: np.ndarray, offset: np.ndarray, refcnt: np.ndar
     refresh_slot_offsets(m, spid, offset, soff)
 
 
+@njit(cache=True, error_model="numpy", nogil=True)
+def compact_arenas(n: int, arena: np.ndarray, offset: np.ndarray, refcnt: np.ndarray,
+                   meta: np.ndarray, dim: int, spid: np.ndarray, soff: np.ndarray) -> None:
+    """``compact_arena`` for models ``0..n-1`` (a whole shard's checkpoint; without the
+    GIL, like ``pack_rows``: the checkpoint runs in a thread beside the consuming one)."""
+    for m in range(n):
+        compact_arena(m, arena, offset, refcnt, meta, dim, spid, soff)
+
+
+@njit(cache=True, error_model="numpy", nogil=True)
+def pack_rows(out: np.ndarray, starts: np.ndarray, fixed: np.ndarray, arena: np.ndarray,
+              arena_bytes: np.ndarray) -> None:
+    """Row m of ``fixed`` and the first ``arena_bytes[m]`` of arena row m, one after the
+    other, into ``out`` from ``starts[m]`` (every row's checkpoint body at once)."""
+    for m in range(starts.shape[0]):
+        s = starts[m]
+        width = fixed.shape[1]
+        out[s:s + width] = fixed[m]
+        out[s + width:s + width + arena_bytes[m]] = arena[m, :arena_bytes[m]]
+
+
 @njit(cache=True, error_model="numpy")
 def refresh_slot_offsets(m: int, spid: np.ndarray, offset: np.ndarray,
                          soff: np.ndarray) -> None:
@@ -1195,7 +1216,7 @@ def advance(
     ids: np.ndarray,
     points: np.ndarray,
     learn: bool,
-    admit: bool,
+    admit_left: np.ndarray,
     attribute_above: np.ndarray,
     screen: int,
     screen_below: float,
@@ -1226,8 +1247,9 @@ def advance(
 ) -> int:
     """Score each row's shingled point against its model (and learn it if ``learn``).
 
-    A model past ``output_after`` whose trees are not built yet builds them now if
-    ``admit``; otherwise it stays in its cold start (scores 0, samples on) for this call.
+    A model past ``output_after`` whose trees are not built yet builds them now while
+    ``admit_left[0]`` (decremented for each) is positive; otherwise it stays in its cold
+    start (scores 0, samples on) for this call.
 
     ``attribute_above`` is each row's threshold. For rows whose score exceeds it,
     ``attribution[i, f]`` is base feature f's share of the forest's DiVector (averaged over
@@ -1294,7 +1316,8 @@ def advance(
         scoring = full and meta[m, META_SEQ] >= output_after and meta[m, META_SEQ] > 0
         empty = _trees_empty(m, root, groups, per_group)
         if scoring and empty:
-            if admit:
+            if admit_left[0] > 0:
+                admit_left[0] -= 1
                 _build_trees(m, threshold, meta, spid, ssize, root, free_head, cut_dim,
                              cut_val, left, right, cslot, cbox, cmass, offset, soff, arena,
                              stack, lo, hi, loi, hii)

@@ -187,10 +187,16 @@ class ForestArrays:
         if n <= self.models:
             return
         if n > self.capacity:
-            old = {name: getattr(self, name) for name in (*_FIELDS, *_CACHE, "arena")}
-            self._alloc(max(n, 2 * self.capacity, 8))
-            for name, array in old.items():
-                getattr(self, name)[: self.models] = array[: self.models]
+            # In place, to the rows needed: realloc remaps a large array instead of copying
+            # it, and numpy zeroes only the rows added. A shard meeting a fleet grows its
+            # arrays while it is already behind its first samples; doubling into new arrays
+            # copied ~256 KB a model 1.6 times over and cost 3 s per 2,600 GPUs (this, under
+            # half a second). No view of these arrays outlives a call into this class, so
+            # nothing points at a buffer that moved.
+            for name in (*_FIELDS, *_CACHE, "arena"):
+                array = getattr(self, name)
+                array.resize((n, *array.shape[1:]), refcheck=False)
+            self.capacity = n
         for m in range(self.models, n):
             self.reset(m)
         self.models = n
@@ -237,7 +243,7 @@ class ForestArrays:
             return
         cap = min(max(need, self.arena_cap * 3 // 2), (self.layout.pids + 1) * self.layout.dim)
         arena = np.zeros((self.capacity, cap), dtype=np.float32)
-        arena[:, : self.arena_cap] = self.arena
+        arena[: self.models, : self.arena_cap] = self.arena[: self.models]
         self.arena, self.arena_cap = arena, cap
 
     def kernel_arrays(self) -> tuple[npt.NDArray, ...]:
@@ -273,6 +279,35 @@ class ForestArrays:
                               _DTYPE_CODES[lay.child], _DTYPE_CODES[lay.pid],
                               *self._header_fields(end), zlib.crc32(body))
         return header + body
+
+    def checkpoint_models(self, n: int) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+        """``checkpoint(m)`` of models ``0..n-1``, byte for byte, concatenated, with each
+        one's end: the arrays are cut once for all models and only the header and CRC are
+        written per model (a shard of 2,600 forests serialises in a fraction of the time
+        one call per model takes)."""
+        if n == 0:
+            return np.zeros(0, dtype=np.uint8), np.zeros(0, dtype=np.int64)
+        lay = self.layout
+        kernels.compact_arenas(n, self.arena, self.offset, self.refcnt, self.meta, lay.dim,
+                               self.spid, self.soff)
+        fixed = np.concatenate(
+            [getattr(self, name)[:n].astype(getattr(self, name).dtype.newbyteorder("<"),
+                                            copy=False).reshape(n, -1).view(np.uint8)
+             for name in _FIELDS], axis=1)
+        floats = self.meta[:n, kernels.META_ARENA_END].astype(np.int64)
+        arena = self.arena[:n].astype("<f4", copy=False).view(np.uint8)
+        sizes = _HEADER.size + fixed.shape[1] + 4 * floats
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        out = np.empty(int(ends[-1]), dtype=np.uint8)
+        kernels.pack_rows(out, starts + _HEADER.size, fixed, arena, 4 * floats)
+        codes = (_DTYPE_CODES[lay.cut_dim], _DTYPE_CODES[lay.child], _DTYPE_CODES[lay.pid])
+        view = memoryview(out.data)
+        for a, b, f in zip(starts.tolist(), ends.tolist(), floats.tolist(), strict=True):
+            h = a + _HEADER.size
+            _HEADER.pack_into(view, a, _MAGIC, _VERSION, *codes, *self._header_fields(f),
+                              zlib.crc32(view[h:b]))
+        return out, ends
 
     def restore(self, m: int, data: bytes) -> None:
         if len(data) < _HEADER.size:
