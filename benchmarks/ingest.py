@@ -206,7 +206,9 @@ OWN_COUNTERS: dict[str, OwnCounters] = {
          "behind_s": "fleetpulse_detector_behind_seconds",
          "models": "fleetpulse_detector_models",
          "models_warming": "fleetpulse_detector_models_warming",
-         "models_held": "fleetpulse_detector_models_held"}),
+         "models_held": "fleetpulse_detector_models_held",
+         "forests_admitted": "fleetpulse_detector_forests_admitted_total",
+         "busy_ratio": "fleetpulse_detector_busy_ratio"}),
 }
 """Stages whose committed offsets do not say how far they got: the aggregator commits an
 offset once every window it feeds is closed, the detector once a checkpoint covers it
@@ -839,7 +841,15 @@ def _own_counters(row: dict[str, Any], scraper: CounterScraper, members: list[st
     if any("behind_s" in e for e in extra):
         row["behind_s_max"] = round(max(max(e["behind_s"].v) for e in extra
                                         if "behind_s" in e), 2)
-    for key in ("models", "models_warming", "models_held"):
+    if any("busy_ratio" in e and e["busy_ratio"].v for e in extra):
+        # How much room the detector had: its worker's share of wall time spent processing
+        # (forests are admitted only below ``admit_busy_below``).
+        busy = [b for e in extra if "busy_ratio" in e
+                for t, b in zip(e["busy_ratio"].t, e["busy_ratio"].v, strict=True)
+                if steady <= t <= window]
+        if busy:
+            row["busy_ratio_median"] = round(float(np.median(busy)), 3)
+    for key in ("models", "models_warming", "models_held", "forests_admitted"):
         # At the end: how many GPU forests the run left still in their cold start, the
         # dearest part of a forest's life (a short run measures little else).
         if any(key in e and e[key].v for e in extra):
@@ -1023,6 +1033,14 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
                              zip(s.t, s.v, strict=True)][:: max(1, len(s.t) // 120)]
                          for g, s in monitor.lag.items()},
     }
+    if scraper is not None:
+        # The detector's own gauges over the run (how far behind, how busy, how many
+        # forests started): what the end figures above summarise.
+        result["own_series_s"] = {
+            m: {key: [[round(t, 1), round(v, 3)] for t, v in
+                      zip(s.t, s.v, strict=True)][:: max(1, len(s.t) // 120)]
+                for key, s in scraper.extra[m].items()}
+            for m in scraper.members if scraper.extra[m]}
     return result
 
 
@@ -1104,7 +1122,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")
-    summary = {k: v for k, v in result.items() if k != "lag_series_s"}
+    summary = {k: v for k, v in result.items() if k not in ("lag_series_s", "own_series_s")}
     print(json.dumps(summary if args.json else {
         k: result[k] for k in ("metrics_per_s", "lag_max_s", "lag_final_s", "bottleneck")}))
     return 0
