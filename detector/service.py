@@ -5,7 +5,8 @@ One :class:`~detector.shard.DetectorShard` per assigned samples partition and on
 loads a partition's checkpoint when it is assigned and writes one when it is revoked;
 checkpoints live in the group's compacted changelog topic (``<group_id>-changelog``, see
 :mod:`fleetpulse.changelog`), so a partition's state follows it to any instance;
-checkpoints are also written every ``checkpoint_interval_s`` and at shutdown, each with the
+checkpoints are also written every ``checkpoint_interval_s`` (paced to at most
+``checkpoint_max_share`` of the time, so later at a large site) and at shutdown, each with the
 offset its state covers, and only then are those offsets committed to Kafka (the committed
 offset is the lag gauge; the checkpoint's own offset is the truth, so a message below it is
 skipped when re-read).
@@ -736,7 +737,9 @@ class DetectorService:
             tp = (self.topics.samples, p)
             if (only is not None and tp not in only) or tp not in self.next_offset:
                 continue
-            commit[tp] = await self._save(p, shard, extra)
+            offset = await self._save(p, shard, extra)
+            if offset is not None:
+                commit[tp] = offset
         commit.update(await self._save_events(only))
         if commit:
             await self.consumer.commit_checkpointed(commit)
@@ -769,12 +772,15 @@ class DetectorService:
 
         The partitions are not written back to back: after each one the next (in this round
         or the next) waits an even share of half the interval, and at least long enough for
-        that partition's work to be ``checkpoint_max_share`` of the time. A large site's checkpoint is seconds of work per
-        partition (about 115 KB per GPU forest, serialised, checksummed and sent), and taken
-        at once it stalls a detector with little room for tens of seconds, long enough to
-        shed model steps; paced, it costs a bounded share and a few seconds of lag at a
-        time. A revocation or shutdown (``_hurry``) finishes the round without pauses."""
+        that partition's work (the process's CPU meanwhile) to be ``checkpoint_max_share`` of
+        the time. A large site's checkpoint is seconds of work per partition (about 115 KB
+        per GPU forest, serialised, checksummed and sent), and taken at once it stalls a
+        detector with little room for tens of seconds, long enough to shed model steps;
+        paced, it costs a bounded share and a few seconds of lag at a time. A revocation or
+        shutdown (``_hurry``) finishes the round without pauses."""
         assert self.consumer is not None
+        await self._flush_published()
+        extra = await self._alert_ends()
         partitions = list(self.shards)
         cfg = self.config
         even = cfg.checkpoint_interval_s / (2 * max(1, len(partitions)))
@@ -783,21 +789,21 @@ class DetectorService:
             if pause > 0 and not self._hurry.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._hurry.wait(), pause)
-            started = time.perf_counter()
+            # CPU, not wall time: a partition whose records wait on a broker that is away
+            # costs little, and must not put off the next checkpoint by minutes.
+            started = time.process_time()
             tp = (self.topics.samples, p)
             shard = self.shards.get(p)
             if shard is None or tp not in self.next_offset:
                 continue
-            await self._flush_published()  # the alert ends are read as of this partition
-            extra = await self._alert_ends()
             self._busy.add(p)
             try:
                 offset = await self._save(p, shard, extra)
             finally:
                 self._busy.discard(p)
-            if self.shards.get(p) is shard:  # still ours
+            if offset is not None and self.shards.get(p) is shard:  # still ours
                 await self.consumer.commit_checkpointed({tp: offset})
-            work = time.perf_counter() - started
+            work = time.process_time() - started
             self._next_save_at = time.monotonic() + max(
                 even, work * (1.0 - cfg.checkpoint_max_share) / cfg.checkpoint_max_share)
         events = await self._save_events(None)
@@ -816,11 +822,14 @@ class DetectorService:
         ends = await self.consumer.end_offsets(alert_tps) if alert_tps else {}
         return {f"alerts:{q}": off for (_, q), off in ends.items()}
 
-    async def _save(self, p: int, shard: DetectorShard, extra: dict[str, int]) -> int:
+    async def _save(self, p: int, shard: DetectorShard, extra: dict[str, int]) -> int | None:
         """Checkpoint partition ``p``; returns the samples offset it covers (read under the
-        shard's lock: a chunk being processed in its thread is either in it or after it)."""
+        shard's lock: a chunk being processed in its thread is either in it or after it),
+        None when the partition was revoked while the lock was awaited (nothing written)."""
         async with self._shard_lock(p):
-            offset = self.next_offset[(self.topics.samples, p)]
+            offset = self.next_offset.get((self.topics.samples, p))
+            if offset is None:
+                return None
             silence = self.silence.state(p)  # as of the same offset: frames wait on the lock
             data = await asyncio.to_thread(shard_bytes, shard, {"samples": offset, **extra})
         await self.changelog.save({(self.topics.samples, p): data,
