@@ -851,7 +851,8 @@ def _own_counters(row: dict[str, Any], scraper: CounterScraper, members: list[st
             row["busy_ratio_median"] = round(float(np.median(busy)), 3)
     for key in ("models", "models_warming", "models_held", "forests_admitted"):
         # At the end: how many GPU forests the run left still in their cold start, the
-        # dearest part of a forest's life (a short run measures little else).
+        # dearest part of a forest's life (a short run measures little else), and how many
+        # it started.
         if any(key in e and e[key].v for e in extra):
             row[f"{key}_final"] = int(sum(e[key].v[-1] for e in extra if key in e and e[key].v))
 

@@ -581,8 +581,9 @@ class DetectorService:
         steps, skipped, admitted = shard.gpu_steps, shard.skipped_steps, shard.admitted
         allowance = self.admission.allowance((now_ms - oldest_record) / 1000.0)
         out = shard.process_blocks(blocks, shed_before_ms=shed_before, admit_at_most=allowance)
-        self.admission.admitted(shard.admitted - admitted)
-        self.stats.admitted += shard.admitted - admitted
+        admitted = shard.admitted - admitted
+        self.admission.admitted(admitted)
+        self.stats.admitted += admitted
         self.next_offset[(self.topics.samples, p)] = chunk[-1][0] + 1
         self.stats.model_steps += shard.gpu_steps - steps
         self.stats.skipped_steps += shard.skipped_steps - skipped

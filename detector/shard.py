@@ -133,7 +133,6 @@ class DetectorShard:
         self.last_ts_ms = 0
         self.steps = 0
         self._deferring = False
-        self._grow_pending = False
 
     # -- registry ---------------------------------------------------------------------
 
@@ -161,9 +160,7 @@ class DetectorShard:
             nodes[i] = self.node_ids.setdefault(node_paths[i], len(self.node_ids))
         if new_racks:
             self.rack_of = np.concatenate([self.rack_of, np.array(new_racks, dtype=np.int64)])
-            if self._deferring:
-                self._grow_pending = True
-            else:
+            if not self._deferring:
                 self._grow()
         return ids, nodes
 
@@ -179,8 +176,7 @@ class DetectorShard:
             yield
         finally:
             self._deferring = False
-            if self._grow_pending:
-                self._grow_pending = False
+            if len(self.node_of) < len(self.gpu_paths):  # GPUs registered, not grown yet
                 self._grow()
 
     def _grow(self) -> None:

@@ -550,11 +550,12 @@ def compact_arena(m: int, arena: np.ndarray, offset: np.ndarray, refcnt: np.ndar
 
 
 @njit(cache=True, error_model="numpy", nogil=True)
-def compact_arenas(n: int, arena: np.ndarray, offset: np.ndarray, refcnt: np.ndarray,
-                   meta: np.ndarray, dim: int, spid: np.ndarray, soff: np.ndarray) -> None:
-    """``compact_arena`` for models ``0..n-1`` (a whole shard's checkpoint; without the
-    GIL, like ``pack_rows``: the checkpoint runs in a thread beside the consuming one)."""
-    for m in range(n):
+def compact_arenas(first: int, stop: int, arena: np.ndarray, offset: np.ndarray,
+                   refcnt: np.ndarray, meta: np.ndarray, dim: int, spid: np.ndarray,
+                   soff: np.ndarray) -> None:
+    """``compact_arena`` for models ``first..stop-1`` (a whole shard's checkpoint; without
+    the GIL, like ``pack_rows``: the checkpoint runs in a thread beside the consuming one)."""
+    for m in range(first, stop):
         compact_arena(m, arena, offset, refcnt, meta, dim, spid, soff)
 
 
