@@ -24,7 +24,8 @@ What it measures, from outside the stages, so it works for any stage:
   event-time stage commits only offsets whose windows are all closed, so its committed
   offsets trail by window + lateness (~30 s) and move in steps. Its ``metrics_per_s`` is
   then what it consumed and rolled up (``committed_metrics_per_s`` keeps the other
-  reading), and ``position_lag_*_s`` how far behind the partitions' ends it reads;
+  reading), and ``position_lag_*_s`` how far behind the partitions' ends it reads
+  (``position_lag_trend_s``: the rise of a least-squares line over the steady window);
 * peak resident memory of each stage's (largest) process and of the fleet;
 * the bottleneck: a stage whose lag grows, else the one using the most CPU per metric.
 
@@ -831,6 +832,14 @@ def _own_counters(row: dict[str, Any], scraper: CounterScraper, members: list[st
         row["position_lag_final_s"] = round(float(total[-1]), 2)
         row["position_lag_growth_s"] = round(float(np.interp(window, grid, total)
                                                    - np.interp(steady, grid, total)), 2)
+        # The same rise from a least-squares line over the steady window: a read position
+        # saw-tooths by several seconds (a flush, a checkpoint, a burst of forests), so the
+        # difference of two points says more about where each fell in its tooth than about
+        # a trend.
+        span = (grid >= steady) & (grid <= window)
+        if span.sum() >= 10:
+            slope = np.polyfit(grid[span], total[span], 1)[0]
+            row["position_lag_trend_s"] = round(float(slope * (window - steady)), 2)
     extra = [scraper.extra[m] for m in members]
     if any("model_steps" in e for e in extra):
         row["model_steps_per_s"] = round(sum(e["model_steps"].slope(steady, window)
@@ -977,7 +986,8 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
     lag_final = [r["lag_final_s"] for r in per_stage.values() if r.get("lag_final_s") is not None]
     # Bottleneck: a stage that fell behind, else the one spending the most CPU per metric.
     # (an event-time stage's read position, when it reports one, not its held-back commits)
-    growth = {n: r.get("position_lag_growth_s", r.get("lag_growth_s")) or 0.0
+    growth = {n: r.get("position_lag_trend_s", r.get("position_lag_growth_s",
+                                                     r.get("lag_growth_s"))) or 0.0
               for n, r in per_stage.items()}
     behind = {n: g for n, g in growth.items() if g > max(5.0, 0.05 * (window - steady))}
     fleet_cost = cost("fleet", produced_rate)
@@ -1035,13 +1045,15 @@ def _report(args: argparse.Namespace, stages: list[Stage], monitor: Monitor,
                          for g, s in monitor.lag.items()},
     }
     if scraper is not None:
-        # The detector's own gauges over the run (how far behind, how busy, how many
-        # forests started): what the end figures above summarise.
+        # The event-time stages' own gauges over the run (messages behind; the detector's
+        # how far behind, how busy, how many forests started): what the end figures above
+        # summarise.
         result["own_series_s"] = {
             m: {key: [[round(t, 1), round(v, 3)] for t, v in
                       zip(s.t, s.v, strict=True)][:: max(1, len(s.t) // 120)]
-                for key, s in scraper.extra[m].items()}
-            for m in scraper.members if scraper.extra[m]}
+                for key, s in {"lag_messages": scraper.lag_msgs[m],
+                               **scraper.extra[m]}.items()}
+            for m in scraper.members}
     return result
 
 

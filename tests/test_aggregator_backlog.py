@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from test_detector_support import frame, healthy, timestamps
 
+from aggregator import service as aggregator_service
 from aggregator.config import AggregatorConfig
 from aggregator.service import AggregatorService
 from fleetpulse.config import TransportConfig
@@ -104,3 +105,63 @@ async def test_a_large_backlog_in_huge_batches_never_stalls_the_loop_nor_costs_t
     # Kafka's session timeout is 10 s; the loop never waited a fifth of it (it waited 8.4 s
     # with the stages on the loop; ~0.6 s here on a 2-core machine loaded 3x over).
     assert worst < 2.0, worst
+
+
+async def test_the_lag_gauge_follows_the_read_position_between_durability_cycles(
+    kafka_bootstrap: str, unique_prefix: str, tmp_path: Path
+) -> None:
+    """With a durability cycle 10 minutes away, frames the rack stage has not folded in show
+    on its lag gauge within a few refreshes (``LAG_REFRESH_S``), not at the next commit: the
+    gauge is how an operator sees the aggregator fall behind."""
+    nodes, gpus = 8, 8
+    cfg = AggregatorConfig(
+        transport=TransportConfig(bootstrap=kafka_bootstrap, topic_prefix=unique_prefix),
+        data_dir=str(tmp_path / "data"), listen="127.0.0.1:0", group_id=f"{unique_prefix}-agg",
+        commit_interval_ms=600_000, samples_partitions=2, rollups_partitions=1)
+    producer = open_transport(cfg.transport)
+    await producer.start()
+    topics = Topics(unique_prefix)
+    await producer.ensure_topics({topics.samples: 2, topics.rollups: 1, topics.deadletter: 1})
+    data = healthy(20, gpus, seed=5)
+    base = timestamps(4)[0] + 200 * np.arange(20, dtype=np.int64)
+
+    async def send(steps: range) -> int:
+        for s in steps:
+            for n in range(nodes):
+                f = frame(f"node-{n}", f"rack-{n // 2}", base[5 * s:5 * s + 5],
+                          data[5 * s:5 * s + 5] + n, seq=s, row="row-0")
+                await producer.send(topics.samples, encode_frame(f), key=f.identity.rack_key)
+        await producer.flush()
+        return len(steps) * nodes
+
+    svc = AggregatorService(cfg)
+    await svc.start(serve_http=False)
+    task = asyncio.create_task(svc.run())
+    rack = next(lp for lp in svc.loops if lp.name == "rack")
+    loop = asyncio.get_running_loop()
+    try:
+        first = await send(range(2))
+        deadline = loop.time() + 60
+        while svc.rack.stats.frames < first:  # every partition has a read position
+            assert loop.time() < deadline and not task.done(), svc.rack.stats.frames
+            await asyncio.sleep(0.1)
+        folded = svc.rack.stats.frames
+        # From here the rack stage folds nothing in: its read position stays where it is
+        # while the consumer goes on fetching.
+        real_handle = svc.handle
+
+        async def handle(lp: object, msgs: list[object]) -> None:
+            if lp is not rack:
+                await real_handle(lp, msgs)  # type: ignore[arg-type]
+        svc.handle = handle  # type: ignore[method-assign, assignment]
+        behind = await send(range(2, 4))
+        deadline = loop.time() + 5 * aggregator_service.LAG_REFRESH_S
+        while rack.lag != behind:
+            assert loop.time() < deadline, (rack.lag, behind)
+            await asyncio.sleep(0.1)
+        assert svc.rack.stats.frames == folded
+    finally:
+        svc.stop()
+        await task
+        await producer.close()
+    assert not svc.failed
