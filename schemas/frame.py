@@ -189,11 +189,14 @@ def decode_frame(data: bytes | bytearray | memoryview) -> SampleFrame:
     for name in extra:
         if _EXTRA_NAME.fullmatch(name) is None:
             raise DecodeError(f"extra metric name {name!r:.80} is not a valid metric name")
-    ids = np.asarray(_int_list(header, "metrics", m - len(extra)), dtype=np.int64)
+    id_list = _int_list(header, "metrics", m - len(extra))
+    ids = np.asarray(id_list, dtype=np.int64)
     if ids.size and (ids.min() < 0 or ids.max() > MAX_ID or not _KNOWN_ID[ids].all()):
         bad = [int(i) for i in ids if not (0 <= i <= MAX_ID and _KNOWN_ID[i])]
         raise DecodeError(f"metric ids not in the catalog: {bad[:5]}")
-    if len(np.unique(ids)) != ids.size or len(set(extra)) != len(extra):
+    # A set of a few dozen Python ints, not np.unique (a sort per frame): 2 % of a
+    # 31,000-GPU aggregator's store thread.
+    if len(set(id_list)) != len(id_list) or len(set(extra)) != len(extra):
         raise DecodeError("metric ids and extra names must not repeat")
     gpus = _int_list(header, "gpus", g)
     if any(not 0 <= i < 65536 for i in gpus) or len(set(gpus)) != len(gpus):

@@ -540,7 +540,7 @@ class SeriesStore:
         gid = self._groups[tier].gid(ids)
         group = head.get(gid)
         if group is None:
-            if np.unique(ids).size != ids.size:
+            if ids.size > 1 and not _distinct(ids):
                 raise StoreError("series_ids of a group must be distinct")
             rows = min(_HEAD_ROWS, self._chunk(spec))
             group = _HeadGroup(gid, self._groups[tier].ids[gid], np.empty(rows, np.int64),
@@ -1208,3 +1208,13 @@ class _Pieces:
         w, ts, v = w[last], ts[last], v[last]
         np.cumsum(np.bincount(w, minlength=wanted.size), out=offsets[1:])
         return ReadResult(wanted.copy(), offsets, ts, v)
+
+
+def _distinct(ids: I64) -> bool:
+    """Whether ``ids`` repeat no value: one pass when they are sorted, as a layout's groups
+    are, else a sort. A window's close meets tens of thousands of new groups, and sorting
+    each in ``np.unique`` was 3 % of a 31,000-GPU aggregator's store thread."""
+    step = np.diff(ids)
+    if (step > 0).all():
+        return True
+    return bool(np.unique(ids).size == ids.size)
