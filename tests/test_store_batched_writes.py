@@ -48,8 +48,9 @@ def test_points_and_sketches_written_in_batches_leave_the_same_files(tmp_path: P
         store = SeriesStore(StoreConfig(path=str(tmp_path / way), tiers=TIERS,
                                         chunk_samples=4, fsync=False))
         stores[way] = store
-    for w in range(11):  # windows across a chunk seal (4 points) and a segment (1 h)
-        start = w * 400_000
+    # Windows across a chunk seal (4 points) and a segment (1 h), and a last one whose
+    # sketch points themselves straddle the next segment's start.
+    for w, start in enumerate([w * 400_000 for w in range(11)] + [2 * H - 3]):
         vals = np.round(rng.normal(0, 3, sids.size), 2)
         counts = rng.integers(1, 9, sketch.size).astype(np.float64)
         plain, batched = stores["plain"], stores["batched"]
@@ -67,5 +68,5 @@ def test_points_and_sketches_written_in_batches_leave_the_same_files(tmp_path: P
     for store in stores.values():
         store.close()
     plain_files, batched_files = _files(tmp_path / "plain"), _files(tmp_path / "batched")
-    assert len(plain_files) >= 2  # two segments of the tier
+    assert len(plain_files) >= 3  # three segments of the tier
     assert batched_files == plain_files

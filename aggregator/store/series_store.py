@@ -449,35 +449,53 @@ class SeriesStore:
         if ids.ndim != 1 or t.shape != ids.shape or v.shape != ids.shape:
             raise StoreError(f"shapes disagree: series_ids {ids.shape}, ts {t.shape}, "
                              f"values {v.shape} (want three arrays of one length)")
-        cuts = (np.flatnonzero(np.diff(ids)) + 1).tolist()
-        for a, b in zip([0, *cuts], [*cuts, ids.size], strict=True):
-            if b > a:
-                one = ids[a:a + 1]
-                rows = v[a:b, None]
-                self._put(tier, spec, self._head_group(tier, spec, one), t[a:b], rows)
-                if self.on_append is not None:
-                    self.on_append(tier, one, t[a:b], rows)
+        if ids.size == 0:
+            return
+        self._saw_newest(tier, t)
+        # The segments and the series' runs for all points at once, then one piece (a run
+        # within one segment) at a time: numpy calls per one-series group were 2 % of a
+        # 31,000-GPU aggregator's store thread.
+        seg_of = np.floor_divide(t, spec.segment_ms) * spec.segment_ms
+        runs = np.flatnonzero(np.diff(ids)) + 1
+        edges = np.union1d(runs, np.flatnonzero(np.diff(seg_of)) + 1).tolist()
+        starts = set(runs.tolist())
+        rows = v[:, None]
+        group = self._head_group(tier, spec, ids[:1])
+        for a, b in itertools.pairwise([0, *edges, ids.size]):
+            if a in starts:
+                group = self._head_group(tier, spec, ids[a:a + 1])
+            self._fill(tier, spec, group, int(seg_of[a]), t[a:b], rows[a:b])
+        if self.on_append is not None:
+            for a, b in itertools.pairwise([0, *sorted(starts), ids.size]):
+                self.on_append(tier, ids[a:a + 1], t[a:b], rows[a:b])
+
+    def _saw_newest(self, tier: str, t: I64) -> None:
+        newest = int(t.max())
+        if newest > self._newest.get(tier, newest - 1):
+            self._newest[tier] = newest
 
     def _put(self, tier: str, spec: TierSpec, group: _HeadGroup, t: I64, v: F64) -> None:
         """Rows ``t`` (ascending or not), ``v`` (T, k) into ``group``'s open chunk, sealing it
         when full or when the rows enter another segment."""
-        newest = int(t.max())
-        if newest > self._newest.get(tier, newest - 1):
-            self._newest[tier] = newest
+        self._saw_newest(tier, t)
         seg_of = np.floor_divide(t, spec.segment_ms) * spec.segment_ms
         cuts = np.flatnonzero(np.diff(seg_of)) + 1
-        bounds = [0, *cuts.tolist(), t.size]
+        for a, b in itertools.pairwise([0, *cuts.tolist(), t.size]):
+            self._fill(tier, spec, group, int(seg_of[a]), t[a:b], v[a:b])
+
+    def _fill(self, tier: str, spec: TierSpec, group: _HeadGroup, seg: int, t: I64,
+              v: F64) -> None:
+        """Rows of one segment into ``group``'s open chunk, sealing it when full."""
+        self._enter_segment(tier, spec, group, seg)
         cap = self._chunk(spec)
-        for a, b in itertools.pairwise(bounds):
-            self._enter_segment(tier, spec, group, int(seg_of[a]))
-            i = a
-            while i < b:
-                m = min(self._room(group, cap), b - i)
-                group.ts[group.n:group.n + m] = t[i:i + m]
-                group.values[group.n:group.n + m] = v[i:i + m]
-                group.n += m
-                i += m
-                self._seal_if_full(tier, spec, group, cap)
+        i = 0
+        while i < t.size:
+            m = min(self._room(group, cap), t.size - i)
+            group.ts[group.n:group.n + m] = t[i:i + m]
+            group.values[group.n:group.n + m] = v[i:i + m]
+            group.n += m
+            i += m
+            self._seal_if_full(tier, spec, group, cap)
 
     def _enter_segment(self, tier: str, spec: TierSpec, group: _HeadGroup, seg: int) -> None:
         """Rows of segment ``seg`` come next: a chunk never spans two segments, so one
