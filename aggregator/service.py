@@ -140,6 +140,11 @@ class _Loop:
         self.consumer: Consumer | None = None
         self.lag = 0
         self.owned: set[int] = set()
+        self.cycles = 0
+        self.cycle_s = {"flush": 0.0, "checkpoint": 0.0}
+        """Wall seconds its durability cycles held the store thread, by step: while one
+        runs, this loop reads nothing (at 31,000 GPUs x 1 Hz the read position jumps by
+        10-20 s at each cycle), so its length is what an operator needs to see."""
 
     async def on_revoked(self, revoked: frozenset[TopicPartition]) -> None:
         """Flush, checkpoint and commit, then forget the partitions -- whatever happens.
@@ -460,7 +465,12 @@ class AggregatorService:
                   "store": self.store.flush}
         if self.remote_write is not None:
             writes["remote-write queue"] = self.remote_write.seal
-        if not self.disk.flush(writes):
+        t0 = time.monotonic()
+        flushed = self.disk.flush(writes)
+        t1 = time.monotonic()
+        loop.cycle_s["flush"] += t1 - t0
+        loop.cycles += 1
+        if not flushed:
             return None
         offsets: dict[TopicPartition, int] = {}
         states: dict[TopicPartition, bytes] = {}
@@ -468,6 +478,7 @@ class AggregatorService:
             ckpt = loop.stage.checkpoint(p)
             states[(loop.topic, p)] = checkpoint_bytes(ckpt)
             offsets[(loop.topic, p)] = ckpt.resume_offset
+        loop.cycle_s["checkpoint"] += time.monotonic() - t1
         return offsets, states
 
     async def _acknowledged(self, pending: list[tuple[asyncio.Future[Any], bytes, bytes]],
@@ -572,6 +583,19 @@ class _Collector(Collector):
         yield lag
         yield opened
         yield owned
+        cycles = CounterMetricFamily("fleetpulse_aggregator_durability_cycles",
+                                     "Durability cycles (flush, checkpoints, commit) run.",
+                                     labels=["stage"])
+        held = CounterMetricFamily("fleetpulse_aggregator_durability_seconds",
+                                   "Wall seconds durability cycles held the store thread, "
+                                   "by step; the stage reads nothing meanwhile.",
+                                   labels=["stage", "step"])
+        for loop in s.loops:
+            cycles.add_metric([loop.name], loop.cycles)
+            for step, secs in loop.cycle_s.items():
+                held.add_metric([loop.name, step], secs)
+        yield cycles
+        yield held
         late = CounterMetricFamily("fleetpulse_aggregator_late_samples",
                                    "Samples (or rollups) past their window's lateness; not "
                                    "rolled up.", labels=["stage"])

@@ -197,8 +197,14 @@ class OwnCounters:
 
 
 OWN_COUNTERS: dict[str, OwnCounters] = {
-    "aggregator": OwnCounters(_API_LINE, "fleetpulse_aggregator_metrics_total",
-                              'fleetpulse_aggregator_consumer_lag_messages{stage="rack"}'),
+    "aggregator": OwnCounters(
+        _API_LINE, "fleetpulse_aggregator_metrics_total",
+        'fleetpulse_aggregator_consumer_lag_messages{stage="rack"}',
+        {"durability_cycles": 'fleetpulse_aggregator_durability_cycles_total{stage="rack"}',
+         "durability_flush_s":
+             'fleetpulse_aggregator_durability_seconds_total{stage="rack",step="flush"}',
+         "durability_checkpoint_s":
+             'fleetpulse_aggregator_durability_seconds_total{stage="rack",step="checkpoint"}'}),
     "detector": OwnCounters(
         re.compile(r"/metrics on (http://[0-9.]+:\d+)/metrics"),
         "fleetpulse_detector_metrics_total", "fleetpulse_detector_consumer_lag_messages",
@@ -858,6 +864,15 @@ def _own_counters(row: dict[str, Any], scraper: CounterScraper, members: list[st
                 if steady <= t <= window]
         if busy:
             row["busy_ratio_median"] = round(float(np.median(busy)), 3)
+    cycles = [e for e in extra if e.get("durability_cycles") and e["durability_cycles"].v[-1]]
+    if cycles:
+        # How long the rack stage's durability cycle held its store thread, on average: it
+        # reads nothing meanwhile, so this is the tooth its read position saw-tooths by.
+        n = sum(e["durability_cycles"].v[-1] for e in cycles)
+        for step in ("flush", "checkpoint"):
+            held = sum(e[f"durability_{step}_s"].v[-1] for e in cycles
+                       if f"durability_{step}_s" in e)
+            row[f"durability_{step}_s_per_cycle"] = round(held / n, 2)
     for key in ("models", "models_warming", "models_held", "forests_admitted"):
         # At the end: how many GPU forests the run left still in their cold start, the
         # dearest part of a forest's life (a short run measures little else), and how many

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from test_detector_support import frame, healthy, timestamps
 
 from aggregator import service as aggregator_service
@@ -28,6 +29,14 @@ from schemas.topics import Topics
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 Listener = Callable[[frozenset[tuple[str, int]]], Awaitable[None]]
+
+
+def _sample(text: str, name: str, labels: str) -> float:
+    """The value of ``name{labels}`` in a /metrics exposition (KeyError if absent)."""
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{labels}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(f"{name}{{{labels}}}")
 
 
 def _counted(calls: Counter[str], name: str, fn: Listener) -> Listener:
@@ -93,10 +102,22 @@ async def test_a_large_backlog_in_huge_batches_never_stalls_the_loop_nor_costs_t
         assert loop.time() < deadline, (svc.rack.stats.frames, sent)
         await asyncio.sleep(0.1)
     seen = dict(calls)
+    svc.gauges = await svc.in_store(svc._read_gauges)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(aggregator_service._Collector(svc))
+    exposed = generate_latest(registry).decode()
     svc.stop()
     await task
     done.set()
     await dog
+    # Each stage's cycles and how long they held the store thread are on /metrics.
+    for name in ("rack", "row"):
+        assert _sample(exposed, "fleetpulse_aggregator_durability_cycles_total",
+                       f'stage="{name}"') >= 1, exposed
+        assert _sample(exposed, "fleetpulse_aggregator_durability_seconds_total",
+                       f'stage="{name}",step="flush"') > 0
+    assert _sample(exposed, "fleetpulse_aggregator_durability_seconds_total",
+                   'stage="rack",step="checkpoint"') > 0
     assert not svc.failed
     assert svc.rack.stats.frames == sent and svc.rack.stats.decode_errors == 0
     assert svc.rack.stats.windows_closed > 0 and svc.row.windows_closed > 0
