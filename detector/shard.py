@@ -276,15 +276,15 @@ class DetectorShard:
         tick_cut = np.searchsorted(tick_round[round_of], stamps, side="right")
         step_cut = np.searchsorted(step_stamps, stamps, side="right")
         out: list[AlertRecord] = []
-        ta = sa = admitted = 0
+        ta = sa = 0
+        first = self.admitted
         for k, stamp in enumerate(stamps.tolist()):
             tb, sb = int(tick_cut[k]), int(step_cut[k])
             if sb > sa:
-                left = None if admit_at_most is None else admit_at_most - admitted
-                before = self.admitted
+                left = (None if admit_at_most is None
+                        else admit_at_most - (self.admitted - first))
                 out.extend(self._model_step(steps, step_order[sa:sb], stamp, trace,
                                             blocks[0].ids, shed_before_ms, left))
-                admitted += self.admitted - before
             if tb > ta:
                 sel = np.sort(round_of[ta:tb])  # time order within the step
                 out.extend(self._rule_ticks(ids[sel], ts[sel], rows[sel]))

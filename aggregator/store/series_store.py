@@ -458,7 +458,8 @@ class SeriesStore:
         seg_of = np.floor_divide(t, spec.segment_ms) * spec.segment_ms
         runs = np.flatnonzero(np.diff(ids)) + 1
         edges = np.union1d(runs, np.flatnonzero(np.diff(seg_of)) + 1).tolist()
-        starts = set(runs.tolist())
+        run_starts = runs.tolist()
+        starts = set(run_starts)
         rows = v[:, None]
         group = self._head_group(tier, spec, ids[:1])
         for a, b in itertools.pairwise([0, *edges, ids.size]):
@@ -466,7 +467,7 @@ class SeriesStore:
                 group = self._head_group(tier, spec, ids[a:a + 1])
             self._fill(tier, spec, group, int(seg_of[a]), t[a:b], rows[a:b])
         if self.on_append is not None:
-            for a, b in itertools.pairwise([0, *sorted(starts), ids.size]):
+            for a, b in itertools.pairwise([0, *run_starts, ids.size]):
                 self.on_append(tier, ids[a:a + 1], t[a:b], rows[a:b])
 
     def _saw_newest(self, tier: str, t: I64) -> None:
