@@ -5,14 +5,21 @@ instance's own entity index in the order it met the entities: the same GPU has a
 on the instance a partition moves to. So what a checkpoint carries about series (the
 coarse tiers' running windows, the row stage's series and the finer points its open
 coarse windows still need) names each series by its entity's key plus the id's metric and
-aggregate part, and the receiving instance maps the keys to its own ids. Arrays travel as
-base64 of their raw bytes: exact (float bits included) and a third the size of JSON
-numbers.
+aggregate part, and the receiving instance maps the keys to its own ids.
+
+Arrays travel as base64 of their raw bytes, exact (float bits included); one of more than
+``PACK_FROM`` bytes is first regrouped by byte position (every element's first byte, then
+every second byte, ...) and zlib-compressed at level 1. Why: a 31,000-GPU aggregator's
+coarse-tier windows made each partition's checkpoint ~30 MB (series ids, accumulators), some
+350 MB written to the changelog topic every durability cycle on the broker the samples
+arrive through. Regrouped, sorted ids and repeated values compress 5-100x, in about the
+time base64 of the raw bytes took.
 """
 
 from __future__ import annotations
 
 import base64
+import zlib
 from typing import Any, cast
 
 import numpy as np
@@ -26,24 +33,46 @@ __all__ = ["array_from_json", "array_to_json", "sids_from_json", "sids_to_json"]
 I64 = npt.NDArray[np.int64]
 
 
+PACK_FROM = 4096
+"""Bytes from which an array is packed (smaller ones gain little for the call)."""
+_PACKED = "z1:"
+"""Prefix of a packed array (base64 has no colon, so raw arrays never start with it)."""
+
+
 def array_to_json(a: npt.NDArray[Any]) -> str:
-    return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()
+    """``a``'s elements, flattened, as text (see the module docstring)."""
+    flat = np.ascontiguousarray(a).reshape(-1)
+    if flat.nbytes < PACK_FROM:
+        return base64.b64encode(flat.tobytes()).decode()
+    planes = flat.view(np.uint8).reshape(flat.size, flat.itemsize).T.tobytes()
+    return _PACKED + base64.b64encode(zlib.compress(planes, 1)).decode()
 
 
 def array_from_json(text: str, dtype: type) -> npt.NDArray[Any]:
-    return np.frombuffer(base64.b64decode(text), dtype=dtype).copy()
+    """:func:`array_to_json`'s array as ``dtype``; ValueError if ``text`` is not one."""
+    size = np.dtype(dtype).itemsize
+    if not text.startswith(_PACKED):
+        return np.frombuffer(base64.b64decode(text), dtype=dtype).copy()
+    try:
+        planes = zlib.decompress(base64.b64decode(text[len(_PACKED):]))
+    except zlib.error as exc:
+        raise ValueError(f"packed array does not decompress: {exc}") from None
+    if len(planes) % size:
+        raise ValueError(f"packed array of {len(planes)} bytes is not one of {dtype}")
+    grouped = np.frombuffer(planes, np.uint8).reshape(size, len(planes) // size)
+    return grouped.T.copy().view(dtype).reshape(-1)  # a copy: writeable, as raw ones are
 
 
 def sids_to_json(index: EntityIndex, sids: I64) -> dict[str, Any]:
     """``sids`` of this instance as (entity keys, per series: key number, rest)."""
     eids, rest = np.divmod(np.asarray(sids, np.int64), ENTITY_STRIDE)
-    if eids.size and bool((eids[1:] >= eids[:-1]).all()):
-        # Sorted, as a layout's series are: runs, not a sort (a checkpoint of a 31,000-GPU
-        # aggregator's partitions spent 2 % of its store thread sorting them again).
-        new = np.empty(eids.size, bool)
-        new[0] = True
-        np.not_equal(eids[1:], eids[:-1], out=new[1:])
-        uniq, inv = eids[new], np.cumsum(new) - 1
+    if eids.size * 4 >= len(index):
+        # Many series: one mark per entity of the index, not a sort. A coarse tier's layout
+        # is rack by metric, not entity order, and sorting its ids again was 40 % of a
+        # 31,000-GPU partition's checkpoint. The same keys and numbers as np.unique.
+        seen = np.zeros(len(index), bool)
+        seen[eids] = True
+        uniq, inv = np.flatnonzero(seen), (np.cumsum(seen) - 1)[eids]
     else:
         uniq, inv = np.unique(eids, return_inverse=True)
     return {"keys": [list(index.keys[int(e)]) for e in uniq.tolist()],
