@@ -200,11 +200,14 @@ OWN_COUNTERS: dict[str, OwnCounters] = {
     "aggregator": OwnCounters(
         _API_LINE, "fleetpulse_aggregator_metrics_total",
         'fleetpulse_aggregator_consumer_lag_messages{stage="rack"}',
-        {"durability_cycles": 'fleetpulse_aggregator_durability_cycles_total{stage="rack"}',
-         "durability_flush_s":
-             'fleetpulse_aggregator_durability_seconds_total{stage="rack",step="flush"}',
-         "durability_checkpoint_s":
-             'fleetpulse_aggregator_durability_seconds_total{stage="rack",step="checkpoint"}'}),
+        {f"durability_{stage}_{what}": series
+         for stage in ("rack", "row")
+         for what, series in (
+             ("cycles", f'fleetpulse_aggregator_durability_cycles_total{{stage="{stage}"}}'),
+             ("flush_s", 'fleetpulse_aggregator_durability_seconds_total'
+                         f'{{stage="{stage}",step="flush"}}'),
+             ("checkpoint_s", 'fleetpulse_aggregator_durability_seconds_total'
+                              f'{{stage="{stage}",step="checkpoint"}}'))}),
     "detector": OwnCounters(
         re.compile(r"/metrics on (http://[0-9.]+:\d+)/metrics"),
         "fleetpulse_detector_metrics_total", "fleetpulse_detector_consumer_lag_messages",
@@ -864,15 +867,18 @@ def _own_counters(row: dict[str, Any], scraper: CounterScraper, members: list[st
                 if steady <= t <= window]
         if busy:
             row["busy_ratio_median"] = round(float(np.median(busy)), 3)
-    cycles = [e for e in extra if e.get("durability_cycles") and e["durability_cycles"].v[-1]]
-    if cycles:
-        # How long the rack stage's durability cycle held its store thread, on average: it
-        # reads nothing meanwhile, so this is the tooth its read position saw-tooths by.
-        n = sum(e["durability_cycles"].v[-1] for e in cycles)
-        for step in ("flush", "checkpoint"):
-            held = sum(e[f"durability_{step}_s"].v[-1] for e in cycles
-                       if f"durability_{step}_s" in e)
-            row[f"durability_{step}_s_per_cycle"] = round(held / n, 2)
+    for stage in ("rack", "row"):
+        # How long each stage's durability cycle held the store thread, on average. Both
+        # stages' cycles come every commit interval, one after the other on that thread,
+        # and the rack stage reads nothing meanwhile: their sum is the tooth its read
+        # position saw-tooths by. (The store's flush is done by whichever comes first.)
+        cycles = [e for e in extra if e.get(f"durability_{stage}_cycles")
+                  and e[f"durability_{stage}_cycles"].v[-1]]
+        n = sum(e[f"durability_{stage}_cycles"].v[-1] for e in cycles)
+        for step in ("flush", "checkpoint") if n else ():
+            held = sum(e[f"durability_{stage}_{step}_s"].v[-1] for e in cycles
+                       if f"durability_{stage}_{step}_s" in e)
+            row[f"durability_{stage}_{step}_s_per_cycle"] = round(held / n, 2)
     for key in ("models", "models_warming", "models_held", "forests_admitted"):
         # At the end: how many GPU forests the run left still in their cold start, the
         # dearest part of a forest's life (a short run measures little else), and how many
