@@ -111,7 +111,11 @@ class GroupRegistry:
 
 def _merge(old: tuple[I64, I64, I64], new: tuple[I64, I64, I64]) -> tuple[I64, I64, I64]:
     """Sorted ``new`` entries into sorted ``old``, after the entries of the same series
-    already there (theirs are older groups)."""
+    already there (theirs are older groups). Into an empty table, ``new`` as it is: a
+    coarse tier's first window registers the 5.8 million series entries of a 31,000-GPU
+    fleet at once, and ``np.insert`` took 0.3 s to place them in nothing."""
+    if not old[0].size or not new[0].size:
+        return new if old[0].size == 0 else old
     at = np.searchsorted(old[0], new[0], side="right")
     sid, gid, col = (np.insert(o, at, n) for o, n in zip(old, new, strict=True))
     return sid, gid, col
