@@ -9,19 +9,22 @@ aggregate part, and the receiving instance maps the keys to its own ids.
 
 Arrays travel as base64 of their raw bytes, exact (float bits included); one of more than
 ``PACK_FROM`` bytes is first regrouped by byte position (every element's first byte, then
-every second byte, ...) and zlib-compressed at level 1. Why: a 31,000-GPU aggregator's
-coarse-tier windows made each partition's checkpoint ~30 MB (series ids, accumulators), some
-350 MB written to the changelog topic every durability cycle on the broker the samples
-arrive through. Regrouped, sorted ids and repeated values compress 5-100x, in about the
-time base64 of the raw bytes took.
+every second byte, ...) and zstd-compressed at level 1 (cramjam's, which the remote read and
+write bodies use too). Why: a 31,000-GPU aggregator's coarse-tier windows made each
+partition's checkpoint ~30 MB (series ids, accumulators), some 350 MB written to the
+changelog topic every durability cycle on the broker the samples arrive through.
+Regrouped, sorted ids compress ~200x and accumulators 5x; zstd does it in a third of
+zlib's time at level 1 (7.6 against 26 ms for 3.8 MB of accumulators), in the store
+thread's durability cycle. A packed array carries no checksum of its own: a checkpoint's
+records do (:mod:`fleetpulse.changelog`).
 """
 
 from __future__ import annotations
 
 import base64
-import zlib
 from typing import Any, cast
 
+import cramjam
 import numpy as np
 import numpy.typing as npt
 
@@ -35,7 +38,7 @@ I64 = npt.NDArray[np.int64]
 
 PACK_FROM = 4096
 """Bytes from which an array is packed (smaller ones gain little for the call)."""
-_PACKED = "z1:"
+_PACKED = "zstd:"
 """Prefix of a packed array (base64 has no colon, so raw arrays never start with it)."""
 
 
@@ -45,7 +48,7 @@ def array_to_json(a: npt.NDArray[Any]) -> str:
     if flat.nbytes < PACK_FROM:
         return base64.b64encode(flat.tobytes()).decode()
     planes = flat.view(np.uint8).reshape(flat.size, flat.itemsize).T.tobytes()
-    return _PACKED + base64.b64encode(zlib.compress(planes, 1)).decode()
+    return _PACKED + base64.b64encode(cramjam.zstd.compress(planes, level=1)).decode()
 
 
 def array_from_json(text: str, dtype: type) -> npt.NDArray[Any]:
@@ -54,12 +57,13 @@ def array_from_json(text: str, dtype: type) -> npt.NDArray[Any]:
     if not text.startswith(_PACKED):
         return np.frombuffer(base64.b64decode(text), dtype=dtype).copy()
     try:
-        planes = zlib.decompress(base64.b64decode(text[len(_PACKED):]))
-    except zlib.error as exc:
+        packed = base64.b64decode(text[len(_PACKED):])
+        planes = np.frombuffer(bytes(cramjam.zstd.decompress(packed)), np.uint8)
+    except cramjam.DecompressionError as exc:
         raise ValueError(f"packed array does not decompress: {exc}") from None
-    if len(planes) % size:
-        raise ValueError(f"packed array of {len(planes)} bytes is not one of {dtype}")
-    grouped = np.frombuffer(planes, np.uint8).reshape(size, len(planes) // size)
+    if planes.size % size:
+        raise ValueError(f"packed array of {planes.size} bytes is not one of {dtype}")
+    grouped = planes.reshape(size, planes.size // size)
     return grouped.T.copy().view(dtype).reshape(-1)  # a copy: writeable, as raw ones are
 
 
