@@ -443,3 +443,21 @@ def test_groups_arriving_between_reads_are_looked_up_as_if_registered_at_once() 
     for i, g, c in zip(w.tolist(), gid.tolist(), col.tolist(), strict=True):
         assert groups[g][c] == wanted[i]
     assert growing.gid(groups[10]) == 10  # the same series set is the same group
+
+
+def test_a_flush_gives_each_partial_record_its_points_time_range(tmp_path: Path) -> None:
+    """Reads pass over records by their time range, so a partial record's must be the min
+    and max of its own points (the flush finds them for all groups at once)."""
+    wide, narrow = np.array([1, 2], np.int64), np.array([3], np.int64)
+    with _store(tmp_path, auto_maintain=False) as st:
+        st.append("raw", wide, np.array([1_000, 5_000, 9_000]), np.ones((3, 2)))
+        st.append("raw", narrow, np.array([4_000]), np.ones((1, 1)))
+        st.flush()
+        st.append("raw", wide, np.array([11_000, 12_000]), np.ones((2, 2)))
+        st.flush()
+        records = st._segments["raw"][0].records
+        got = sorted((int(records.gid[i]), int(records.t_min[i]), int(records.t_max[i]))
+                     for i in range(records.n))
+        assert got == [(0, 1_000, 9_000), (0, 11_000, 12_000), (1, 4_000, 4_000)]
+        r = st.read("raw", wide, 10_000, 20_000)
+        assert r.ts[r.offsets[0]:r.offsets[1]].tolist() == [11_000, 12_000]

@@ -646,6 +646,13 @@ class SeriesStore:
         ts = [g.ts[g.flushed:g.n] for g in groups]
         buf, offsets = codec.encode_ragged(ts, [g.values[g.flushed:g.n] for g in groups])
         ends = offsets.tolist()
+        # Each record's time range, for all groups in two calls (a min and a max of each
+        # group's few points cost more than the rest of its record).
+        flat = np.concatenate(ts)
+        starts = np.zeros(len(ts), np.int64)
+        np.cumsum([t.size for t in ts[:-1]], out=starts[1:])
+        t_lo = np.minimum.reduceat(flat, starts).tolist()
+        t_hi = np.maximum.reduceat(flat, starts).tolist()
         reg = self._groups[tier]
         by_seg: dict[int, list[int]] = {}
         for i, g in enumerate(groups):
@@ -655,8 +662,7 @@ class SeriesStore:
             recs: list[bytes] = []
             spans: list[tuple[int, int, int, int]] = []
             for i in members:
-                g, t = groups[i], ts[i]
-                lo, hi = (int(t[0]), int(t[0])) if t.size == 1 else (int(t.min()), int(t.max()))
+                g, t, lo, hi = groups[i], ts[i], t_lo[i], t_hi[i]
                 rec = encode_record(KIND_PARTIAL, reg.coded(g.gid), t.size, lo, hi,
                                     int(g.ts[0]), buf[ends[i]:ends[i + 1]].tobytes())
                 recs.append(rec)
