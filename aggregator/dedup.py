@@ -91,8 +91,8 @@ class SeqDeduper:
                 int(counts.sum()) != len(seqs) or len(seqs) != len(offsets):
             raise ValueError(f"de-duplication columns do not add up: {len(agents)} agents, "
                              f"{counts.size} counts, {len(seqs)} seqs, {len(offsets)} offsets")
-        ends = np.cumsum(counts).tolist()
-        for agent, lo, hi in zip(agents, [0, *ends[:-1]], ends, strict=True):
+        ends = np.cumsum(counts)
+        for agent, lo, hi in zip(agents, (ends - counts).tolist(), ends.tolist(), strict=True):
             d._seen[agent] = dict(zip(seqs[lo:hi], offsets[lo:hi], strict=True))
             d._hw[agent] = max(d._seen[agent], default=-1)
         return d

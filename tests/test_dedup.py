@@ -30,6 +30,9 @@ def _answers(d: SeqDeduper) -> list[bool]:
 def test_a_restored_table_answers_as_the_one_checkpointed() -> None:
     data = orjson.loads(orjson.dumps(_filled().to_json()))  # through JSON, as stored
     assert _answers(SeqDeduper.from_json(data, keep=8)) == _answers(_filled())
+    # A partition that has seen no frame yet checkpoints an empty table.
+    empty = orjson.loads(orjson.dumps(SeqDeduper(keep=8).to_json()))
+    assert _answers(SeqDeduper.from_json(empty, keep=8)) == _answers(SeqDeduper(keep=8))
 
 
 def test_a_table_written_as_pairs_still_restores() -> None:
